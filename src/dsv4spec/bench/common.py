@@ -1,0 +1,162 @@
+"""Shared benchmark plumbing: timing, the launch floor, copy bandwidth, kernel counts, results.
+
+Method (see README "Benchmarks"): medians with p20/p80; warm-up before timing; in-graph numbers
+come from ``triton.testing.do_bench_cudagraph`` (many calls unrolled in one CUDA graph, so the
+number is the device time per call with graph launch gaps); eager numbers come from a loop of
+back-to-back calls between two CUDA events, so they include the host dispatch cost that bounds a
+launch-bound op (the same quantity the upstream "eager" rows measure).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shlex
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench, do_bench_cudagraph
+
+QUANTILES = (0.5, 0.2, 0.8)
+
+
+def _timing(samples_ms: Sequence[float]) -> dict[str, float]:
+    qs = statistics.quantiles(samples_ms, n=10) if len(samples_ms) > 1 else [samples_ms[0]] * 9
+    return {
+        "median_us": statistics.median(samples_ms) * 1e3,
+        "p20_us": qs[1] * 1e3,
+        "p80_us": qs[7] * 1e3,
+    }
+
+
+def time_in_graph(fn: Callable[[], object], rep_ms: int = 30) -> dict[str, float]:
+    """Device time per call of ``fn`` replayed from a CUDA graph (median, p20, p80 in µs)."""
+    samples = do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+    return _timing(samples)
+
+
+def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 15) -> dict[str, float]:
+    """Per-call time of ``calls`` back-to-back eager calls between two events (µs).
+
+    No synchronisation inside the loop: the number is max(host dispatch, device time) per call,
+    which is what an eager launch-bound step pays.
+    """
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    return _timing(samples)
+
+
+def time_device(fn: Callable[[], object]) -> dict[str, float]:
+    """Device time of one call with L2 flushed before each (``triton.testing.do_bench``)."""
+    samples = do_bench(fn, warmup=25, rep=100, return_mode="all")
+    return _timing(samples)
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+def launch_floor() -> dict[str, float]:
+    """The empty Triton kernel: eager per-call time and in-graph device time (µs)."""
+    x = torch.empty(1, device="cuda")
+
+    def launch():
+        _empty_kernel[(1,)](x)
+
+    return {
+        "empty_kernel_eager_us": time_eager(launch)["median_us"],
+        "empty_kernel_graph_us": time_in_graph(launch)["median_us"],
+    }
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_device(lambda: dst.copy_(src))["median_us"] / 1e3
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def count_kernels(fn: Callable[[], object]) -> int:
+    """Number of device kernels one call of ``fn`` launches (torch profiler, after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [
+        e for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower()
+        and "memset" not in e.name.lower()
+    ]
+    return len(kernels)
+
+
+def environment() -> dict[str, str]:
+    """Device, library versions, date and the command line: stored with every result."""
+    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {
+        "device": torch.cuda.get_device_name(0) if props else "cpu",
+        "sm_count": str(props.multi_processor_count) if props else "",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in ["dsv4spec", *sys.argv[1:]]),
+    }
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_results(
+    out_dir: str | Path, name: str, payload: dict, rows: Sequence[dict], columns: Sequence[str],
+    notes: str = "",
+) -> list[Path]:
+    """Write ``<name>.json`` (payload + rows) and ``<name>.md`` (environment + table)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = payload.get("environment", {})
+    json_path = out / f"{name}.json"
+    json_path.write_text(json.dumps({**payload, "rows": list(rows)}, indent=1))
+    md = [f"# {name}", ""]
+    md += [f"- {k}: `{v}`" for k, v in env.items()]
+    if notes:
+        md += ["", notes]
+    md += ["", markdown_table(rows, columns), ""]
+    md_path = out / f"{name}.md"
+    md_path.write_text("\n".join(md))
+    return [json_path, md_path]
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:
+    print(markdown_table(rows, columns), flush=True)

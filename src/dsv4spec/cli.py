@@ -1,0 +1,35 @@
+"""The ``dsv4spec`` command: ``demo`` and ``bench <name>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# bench name -> module under dsv4spec.bench; each module has add_arguments(parser) and main(args).
+BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4spec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the C128 rollback on a reference pool and time it")
+    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    bench = sub.add_parser("bench", help="run a benchmark (needs a CUDA GPU)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    for name, module in BENCHMARKS.items():
+        mod = importlib.import_module(f"dsv4spec.bench.{module}")
+        p = bench_sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        p.add_argument("--out", default="benchmarks/results", help="results folder")
+        p.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
+        mod.add_arguments(p)
+        p.set_defaults(run=mod.main)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from dsv4spec.demo import run_demo
+
+        return run_demo(args.device)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,13 @@
+"""Public ops: references, Triton dispatch and validated helpers."""
+
+from dsv4spec.ops.c128_cleanup import (
+    C128DraftCleanup,
+    clear_unaccepted_c128_draft_states,
+    clear_unaccepted_c128_draft_states_reference,
+)
+
+__all__ = [
+    "C128DraftCleanup",
+    "clear_unaccepted_c128_draft_states",
+    "clear_unaccepted_c128_draft_states_reference",
+]
