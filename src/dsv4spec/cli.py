@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 # bench name -> module under dsv4spec.bench; each module has add_arguments(parser) and main(args).
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head"}
@@ -16,7 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     bench = sub.add_parser("bench", help="run a benchmark (needs a CUDA GPU)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the benchmark asked for (all of them for --help).
+    chosen = [argv[1]] if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHMARKS else None
+    if argv[:1] == ["demo"]:
+        chosen = []
     for name, module in BENCHMARKS.items():
+        if chosen is not None and name not in chosen:
+            continue
         mod = importlib.import_module(f"dsv4spec.bench.{module}")
         p = bench_sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         p.add_argument("--out", default="benchmarks/results", help="results folder")

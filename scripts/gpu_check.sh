@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
+# whose python3 already has torch and triton (no network needed).
+#   scripts/gpu_check.sh OUT_DIR [steps...]     steps: tests sanitizer cleanup hc-head (default all)
+# Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
+set -uo pipefail
+OUT=${1:?usage: gpu_check.sh OUT_DIR [steps...]}
+shift
+STEPS=${*:-tests sanitizer cleanup hc-head}
+mkdir -p "$OUT/results"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+status=0
+step() { echo "=== $1 ($(date -u +%H:%M:%S))"; }
+
+step environment
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+} 2>&1 | tee "$OUT/environment.txt"
+
+for s in $STEPS; do
+  case $s in
+    tests)
+      step "pytest -m gpu"
+      $PY -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    sanitizer)
+      step "compute-sanitizer memcheck over the GPU cleanup tests"
+      compute-sanitizer --tool memcheck --print-limit 20 \
+        $PY -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_c128_cleanup.py \
+        > "$OUT/sanitizer_memcheck.log" 2>&1
+      echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
+      tail -8 "$OUT/sanitizer_memcheck.log" ;;
+    cleanup|hc-head)
+      step "dsv4spec bench $s"
+      $PY -m dsv4spec.cli bench "$s" --out "$OUT/results" 2>&1 | tee "$OUT/bench_$s.log" | tail -40
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    *) echo "unknown step $s"; status=1 ;;
+  esac
+done
+step done
+exit $status

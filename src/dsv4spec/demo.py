@@ -1,0 +1,83 @@
+"""``dsv4spec demo``: speculative-decoding rollback on a DSV4-Pro-shaped C128 state pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+SHARED_CONFIG = Path(__file__).resolve().parents[3] / "shared" / "dsv4" / "DeepSeek-V4-Pro.config.json"
+# DSV4-Pro: [128, 128] + [4, 128] * 29 + [4] + [0 for the MTP layer] -> 31 C128 layers.
+PRO_COMPRESS_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    """Mean µs per call (CUDA events on GPU, wall clock on CPU)."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / repeats
+
+
+def run_demo(device: str | None = None) -> int:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # show the Triton kernel on CPU too
+    from dsv4spec.cache import C128StatePool
+    from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
+
+    ratios = PRO_COMPRESS_RATIOS
+    if SHARED_CONFIG.exists():
+        ratios = json.loads(SHARED_CONFIG.read_text())["compress_ratios"]
+    num_slots, num_draft, batch = 8, 4, 4
+    fused = C128StatePool.from_compress_ratios(ratios, num_slots, device=device)
+    loop = C128StatePool.from_compress_ratios(ratios, num_slots, device=device, cleanup="loop")
+    print(f"C128 state pool: {len(fused.states)} layers x [{fused.num_rows}, "
+          f"{2 * fused.head_dim}] {fused.states[0].dtype} on {device}, ring {fused.ring_size}, "
+          f"cleanup backend: {fused.cleanup.backend}")
+
+    g = torch.Generator().manual_seed(0)
+    for a, b in zip(fused.states, loop.states):  # rows a step would have written: random
+        a.copy_(torch.randn(a.shape, generator=g).to(a.dtype))
+        b.copy_(a)
+    idx = torch.tensor([0, 3, 5, 6], device=device)
+    seq = torch.tensor([10, 254, 300, 511], device=device)  # 254 and 511 wrap around the ring
+    acc = torch.tensor([1, 2, 4, 3], device=device)
+    expected = [s.clone() for s in fused.states]
+    for s in expected:
+        clear_unaccepted_c128_draft_states_reference(s, idx, seq, acc, ring_size=256,
+                                                     num_draft_tokens=num_draft)
+    fused.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft)
+    loop.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft)
+    for b in range(batch):
+        rows = [int(idx[b]) * 256 + (int(seq[b]) + j) % 256 for j in range(int(acc[b]), num_draft)]
+        print(f"  request slot {int(idx[b])}: seq_len {int(seq[b])}, accepted {int(acc[b])}/"
+              f"{num_draft} -> neutralised rows {rows} in every layer")
+    same = all(torch.equal(a, e) and torch.equal(b, e)
+               for a, b, e in zip(fused.states, loop.states, expected))
+    print(f"fused and per-layer loop equal the reference in all {len(expected)} layers: {same}")
+
+    repeats = 200 if device.type == "cuda" else 2
+    t_fused = _timed(lambda: fused.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft),
+                     device, repeats)
+    t_loop = _timed(lambda: loop.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft),
+                    device, repeats)
+    where = "eager, CUDA events" if device.type == "cuda" else "Triton interpreter, wall clock"
+    print(f"rollback per step ({where}): fused {t_fused:.1f} µs, per-layer loop {t_loop:.1f} µs "
+          f"({t_loop / t_fused:.1f}x)")
+    return 0 if same else 1
