@@ -27,8 +27,9 @@ for s in $STEPS; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sanitizer)
       step "compute-sanitizer memcheck over the GPU cleanup tests"
+      # The profiler-based kernel count is left out: CUPTI and the sanitizer do not run together.
       compute-sanitizer --tool memcheck --print-limit 20 \
-        $PY -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_c128_cleanup.py \
+        $PY -m pytest -m gpu -q -p no:cacheprovider -k "not one_kernel" tests/ops/test_c128_cleanup.py \
         > "$OUT/sanitizer_memcheck.log" 2>&1
       echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
       tail -8 "$OUT/sanitizer_memcheck.log" ;;

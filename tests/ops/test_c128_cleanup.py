@@ -371,3 +371,29 @@ def test_gpu_one_kernel_per_clear():
     n_loop = count_kernels(lambda: [clear_unaccepted_c128_draft_states(
         s, idx, seq, acc, ring_size=PRO["ring"], num_draft_tokens=4) for s in states])
     assert n_loop == PRO["num_states"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_cached_launch_across_calls(dtype):
+    """Repeated clears on one helper (cached launcher) with changing index dtypes, alignments,
+    batch sizes and draft counts all equal the reference."""
+    num_slots = 20
+    rows = num_slots * PRO["ring"] + PRO["ring"] + 1
+    states = random_states(8, rows, PRO["half"], dtype, "cuda", seed=7)
+    cleanup = C128DraftCleanup(states, ring_size=PRO["ring"])
+    for step in range(12):
+        batch = [1, 3, 8, 16][step % 4]
+        num_draft = [4, 2, 8][step % 3]
+        index_dtype = torch.int32 if step % 2 else torch.int64
+        idx, seq, acc = random_batch(batch + 1, num_slots, PRO["ring"], num_draft, index_dtype,
+                                     "cuda", seed=100 + step, near_wrap=step % 3 == 0)
+        if step % 4 == 1:  # views at an odd element offset: not 16-byte aligned
+            idx, seq, acc = idx[1:], seq[1:], acc[1:]
+        else:
+            idx, seq, acc = idx[:-1], seq[:-1], acc[:-1]
+        expected = reference_of(states, idx, seq, acc, PRO["ring"], num_draft)
+        cleanup.clear(idx, seq, acc, num_draft_tokens=num_draft)
+        for i, (s, e) in enumerate(zip(states, expected)):
+            assert_bit_identical(s, e, f"step {step} state {i}")
+    assert len(cleanup._launch._compiled) >= 4

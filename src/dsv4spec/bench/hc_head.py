@@ -1,0 +1,203 @@
+"""hc_head in a CUDA graph: eager ATen chain vs capture-compiled vs fused Triton (+ RMSNorm).
+
+Method: for each width H and token count T, fresh random bf16 inputs (randn) and random fp32
+parameters; every provider's output is checked against the reference before any timing; device
+time per call comes from ``time_in_graph`` (many calls in one CUDA graph, median with p20/p80; the
+inputs stay L2-resident across replays for T <= 256, as the draft's input does right after the
+previous layer wrote it). The "compiled" provider is warmed up (compiled) under ``capture_mode()``
+and timed inside it, so the graph records the Inductor kernels. Bytes moved count the compulsory
+traffic: x read once, the parameters read once, y written once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from dsv4spec.bench import common
+from dsv4spec.capture import capture_mode
+from dsv4spec.ops.hc_head import (
+    hc_head,
+    hc_head_reference,
+    hc_head_rmsnorm,
+    hc_head_rmsnorm_reference,
+)
+
+HC = 4
+EPS = {"norm_eps": 1e-6, "hc_eps": 1e-6}
+WIDTHS = (4096, 7168)
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+QUICK_TOKENS = (1, 4, 64, 1024)
+# provider -> (impl, with the shared-head RMSNorm)
+PROVIDERS = {
+    "eager": ("eager", False),
+    "compiled": ("compiled", False),
+    "triton": ("triton", False),
+    "eager+norm": ("eager", True),
+    "triton+norm": ("triton", True),
+}
+COLUMNS = [
+    "H", "T", "provider", "median_us", "p20_us", "p80_us", "kernels", "bytes", "GB/s",
+    "pct_copy_bw", "speedup_vs_eager", "triton_over_compiled", "norm_overhead_us",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS), help="hidden sizes")
+    parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
+
+
+def bytes_moved(T: int, H: int, elt: int, rmsnorm: bool = False, hc: int = HC) -> int:
+    """Compulsory bytes: read x [T, hc, H] and the fp32 parameters, write y [T, H]."""
+    params = 4 * (hc * hc * H + 1 + hc + (H if rmsnorm else 0))
+    return T * hc * H * elt + params + T * H * elt
+
+
+def make_inputs(T: int, H: int, dtype=torch.bfloat16, device="cuda", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(T, HC, H, generator=g, device=device).to(dtype)
+    hc_fn = torch.randn(HC, HC * H, generator=g, device=device) * 0.02
+    hc_scale = torch.rand(1, generator=g, device=device) + 0.5
+    hc_base = torch.randn(HC, generator=g, device=device) * 0.5
+    norm_weight = torch.rand(H, generator=g, device=device) + 0.5
+    return x, hc_fn, hc_scale, hc_base, norm_weight
+
+
+def setup(provider: str, inputs):
+    """The callable that runs ``provider`` once on ``inputs``, and the reference output."""
+    impl, rmsnorm = PROVIDERS[provider]
+    x, hc_fn, hc_scale, hc_base, nw = inputs
+    if rmsnorm:
+        ref = hc_head_rmsnorm_reference(x, hc_fn, hc_scale, hc_base, nw, **EPS)
+        return lambda: hc_head_rmsnorm(x, hc_fn, hc_scale, hc_base, nw, **EPS, impl=impl), ref
+    ref = hc_head_reference(x, hc_fn, hc_scale, hc_base, **EPS)
+    return lambda: hc_head(x, hc_fn, hc_scale, hc_base, **EPS, impl=impl), ref
+
+
+def refcheck(provider: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    # bf16: one ulp (two with the norm, which carries y's rounding into its own); the ulp of v
+    # is at most 2**-7 * |v|, plus fp32 summation noise near zero.
+    ulps = 2 if PROVIDERS[provider][1] else 1
+    diff = (out.float() - ref.float()).abs()
+    bad = diff > ulps * 2**-7 * ref.float().abs() + 1e-5 * ref.float().abs().max()
+    if bad.any():
+        raise RuntimeError(f"refcheck failed for {provider}: {int(bad.sum())} elements, "
+                           f"max abs diff {diff.max().item():.3g}")
+
+
+def derive(rows: list[dict], copy_bw: float) -> list[dict]:
+    """Add GB/s, % of copy bandwidth, speedups and the norm's overhead to timed rows."""
+    by = {(r["H"], r["T"], r["provider"]): r for r in rows}
+    for r in rows:
+        key = (r["H"], r["T"])
+        r["GB/s"] = r["bytes"] / (r["median_us"] * 1e-6) / 1e9
+        r["pct_copy_bw"] = 100.0 * r["GB/s"] * 1e9 / copy_bw
+        eager = by.get((*key, "eager+norm" if r["provider"].endswith("+norm") else "eager"))
+        if eager is not None:
+            r["speedup_vs_eager"] = eager["median_us"] / r["median_us"]
+        compiled = by.get((*key, "compiled"))
+        if r["provider"] == "triton" and compiled is not None:
+            r["triton_over_compiled"] = r["median_us"] / compiled["median_us"]
+        fused = by.get((*key, "triton"))
+        if r["provider"] == "triton+norm" and fused is not None:
+            r["norm_overhead_us"] = r["median_us"] - fused["median_us"]
+    return rows
+
+
+def check_targets(rows: list[dict], H: int = 7168) -> dict[str, bool]:
+    """The issue's targets at width ``H`` (only the token counts that were measured)."""
+    def col(provider, cond, value, limit):
+        vals = [r[value] for r in rows if r["H"] == H and r["provider"] == provider and cond(r)]
+        return bool(vals) and all(limit(v) for v in vals)
+
+    return {
+        "compiled >= 2x eager, T <= 256": col(
+            "compiled", lambda r: r["T"] <= 256, "speedup_vs_eager", lambda v: v >= 2),
+        "triton <= 1/3 compiled, T <= 64": col(
+            "triton", lambda r: r["T"] <= 64, "triton_over_compiled", lambda v: v <= 1 / 3),
+        "triton >= 60% copy bandwidth, T = 1024": col(
+            "triton", lambda r: r["T"] == 1024, "pct_copy_bw", lambda v: v >= 60),
+        "norm within 0.5 us of hc_head": col(
+            "triton+norm", lambda r: True, "norm_overhead_us", lambda v: v <= 0.5),
+    }
+
+
+def plot(rows: list[dict], path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for H in sorted({r["H"] for r in rows}):
+        for provider in PROVIDERS:
+            pts = sorted((r["T"], r["median_us"]) for r in rows
+                         if r["H"] == H and r["provider"] == provider)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{provider}, H={H}",
+                        linestyle="-" if H == max(r["H"] for r in rows) else "--")
+    ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="µs per call (in a CUDA graph)",
+           title="hc_head, hc_mult 4, bf16")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("hc-head benchmark needs a CUDA GPU")
+        return 1
+    tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
+    rep_ms = 10 if args.quick else 30
+    env = common.environment()
+    floor = common.launch_floor()
+    copy_bw = common.copy_bandwidth()
+    print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
+          f"{floor['empty_kernel_eager_us']:.2f} µs eager; copy {copy_bw / 1e12:.2f} TB/s",
+          flush=True)
+    rows = []
+    for H in args.widths:
+        for T in tokens:
+            inputs = make_inputs(T, H, seed=T)
+            elt = inputs[0].element_size()
+            for provider in PROVIDERS:
+                fn, ref = setup(provider, inputs)
+                with capture_mode():  # only "compiled" cares: compile in the warm-up, then capture
+                    for _ in range(2):
+                        out = fn()
+                    torch.cuda.synchronize()
+                    refcheck(provider, out, ref)
+                    timing = common.time_in_graph(fn, rep_ms=rep_ms)
+                    kernels = common.count_kernels(fn)
+                rows.append({"H": H, "T": T, "provider": provider, **timing, "kernels": kernels,
+                             "bytes": bytes_moved(T, H, elt, PROVIDERS[provider][1])})
+            print(f"H={H} T={T}: " + ", ".join(
+                f"{r['provider']} {r['median_us']:.1f}" for r in rows[-len(PROVIDERS):]) + " µs",
+                flush=True)
+    derive(rows, copy_bw)
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                r[k] = None
+    targets = check_targets(rows)
+    common.print_table(rows, COLUMNS)
+    for name, ok in targets.items():
+        print(f"target {'met' if ok else 'MISSED'}: {name}")
+    payload = {"environment": env, "launch_floor": floor, "copy_bandwidth_Bps": copy_bw,
+               "targets_H7168": targets}
+    notes = (f"Launch floor (empty Triton kernel): {floor['empty_kernel_graph_us']:.2f} µs in a "
+             f"graph, {floor['empty_kernel_eager_us']:.2f} µs eager. Copy bandwidth "
+             f"{copy_bw / 1e12:.2f} TB/s. " + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
+    paths = common.write_results(args.out, "hc_head", payload, rows, COLUMNS, notes=notes)
+    png = paths[0].with_suffix(".png")
+    if plot(rows, png):
+        paths.append(png)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

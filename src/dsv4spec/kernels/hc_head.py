@@ -1,0 +1,258 @@
+"""Fused hc_head (SPEC §3) for hc_mult = 4 in two launches, optionally with the shared-head RMSNorm.
+
+Launch 1 (partials), grid = token blocks x K-splits: each program reads BLOCK_T tokens over a range
+of h for all 4 streams plus the matching columns of the 4 rows of ``hc_fn``, and writes per token
+fp32 partial sums: the 4 dot products ``xf @ hc_fn.T``, the 4 diagonal entries of the streams' Gram
+matrix ``G_ij = sum_h x_i[h] x_j[h]`` (their sum is ``sum(xf^2)``), and, for the RMSNorm variant,
+the 6 off-diagonal ones. Launch 2 (finalize), grid = tokens x H-blocks: each program reduces its
+token's partials (a few hundred floats), forms r, m and the sigmoid weights w, and writes its
+H-block of ``y = sum_i w_i x_i``. The RMSNorm needs ``sum_h y^2`` over the full row, which is known
+before any y is formed: ``sum_h y^2 = w^T G w`` (fp32). So the RMSNorm costs 6 more reductions in
+launch 1 and a weight load in launch 2, and both launches stay parallel over (T, H).
+
+Bytes (bf16, H = 7168): T = 4 reads 229 KB of x and the 459 KB ``hc_fn`` (which dominates; split
+over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T = 1024 reads 58.7 MB
+of x, ``hc_fn`` once per 8-token block (from L2), writes 14.7 MB; launch 2 reads x a second time,
+last token first so the rows launch 1 read last are still in L2.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+HC = 4
+
+
+@triton.jit
+def _row_dot(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3):
+    # sum_i sum_h fn[i*H + h] * x_i[:, h] for one row of hc_fn: [BLOCK_T]
+    f0 = tl.load(fn_ptr + offs_h, mask=mask_h, other=0.0)
+    f1 = tl.load(fn_ptr + H + offs_h, mask=mask_h, other=0.0)
+    f2 = tl.load(fn_ptr + 2 * H + offs_h, mask=mask_h, other=0.0)
+    f3 = tl.load(fn_ptr + 3 * H + offs_h, mask=mask_h, other=0.0)
+    acc = x0 * f0[None, :] + x1 * f1[None, :] + x2 * f2[None, :] + x3 * f3[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _hc_head_partials_kernel(
+    x_ptr, fn_ptr, ws_ptr,
+    T, H, NUM_SPLITS,
+    stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
+    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask_t = offs_t < T
+    rows = x_ptr + offs_t[:, None] * stride_xt
+    m0 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    m1 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    m3 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g33 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g01 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g02 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g03 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g12 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g13 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g23 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for c in range(0, CHUNKS_PER_SPLIT):
+        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        mask = mask_t[:, None] & mask_h[None, :]
+        ptrs = rows + offs_h[None, :]
+        x0 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(ptrs + stride_xs, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(ptrs + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
+        x3 = tl.load(ptrs + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
+        m0 += _row_dot(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3)
+        m1 += _row_dot(fn_ptr + stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
+        m2 += _row_dot(fn_ptr + 2 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
+        m3 += _row_dot(fn_ptr + 3 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
+        g00 += tl.sum(x0 * x0, axis=1)
+        g11 += tl.sum(x1 * x1, axis=1)
+        g22 += tl.sum(x2 * x2, axis=1)
+        g33 += tl.sum(x3 * x3, axis=1)
+        if GRAM:
+            g01 += tl.sum(x0 * x1, axis=1)
+            g02 += tl.sum(x0 * x2, axis=1)
+            g03 += tl.sum(x0 * x3, axis=1)
+            g12 += tl.sum(x1 * x2, axis=1)
+            g13 += tl.sum(x1 * x3, axis=1)
+            g23 += tl.sum(x2 * x3, axis=1)
+    # ws[t, k, split]: slots 0-3 dots, 4-7 diagonal of G, 8-13 (01, 02, 03, 12, 13, 23)
+    ws = ws_ptr + offs_t * stride_wt + split
+    tl.store(ws, m0, mask=mask_t)
+    tl.store(ws + stride_wk, m1, mask=mask_t)
+    tl.store(ws + 2 * stride_wk, m2, mask=mask_t)
+    tl.store(ws + 3 * stride_wk, m3, mask=mask_t)
+    tl.store(ws + 4 * stride_wk, g00, mask=mask_t)
+    tl.store(ws + 5 * stride_wk, g11, mask=mask_t)
+    tl.store(ws + 6 * stride_wk, g22, mask=mask_t)
+    tl.store(ws + 7 * stride_wk, g33, mask=mask_t)
+    if GRAM:
+        tl.store(ws + 8 * stride_wk, g01, mask=mask_t)
+        tl.store(ws + 9 * stride_wk, g02, mask=mask_t)
+        tl.store(ws + 10 * stride_wk, g03, mask=mask_t)
+        tl.store(ws + 11 * stride_wk, g12, mask=mask_t)
+        tl.store(ws + 12 * stride_wk, g13, mask=mask_t)
+        tl.store(ws + 13 * stride_wk, g23, mask=mask_t)
+
+
+@triton.jit
+def _round_to(y, DTYPE: tl.constexpr):
+    # fp32 -> DTYPE, round to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16, so
+    # bf16 is rounded by hand (then the cast is exact): the interpreter and the GPU agree.
+    if DTYPE == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        y = bits.to(tl.float32, bitcast=True)
+    return y.to(DTYPE)
+
+
+@triton.jit
+def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
+    return tl.sum(tl.load(ws_ptr + SLOT * stride_wk + offs_s, mask=mask_s, other=0.0), axis=0)
+
+
+@triton.jit
+def _hc_head_finalize_kernel(
+    x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
+    T, H, NUM_SPLITS, NUM_HBLOCKS, norm_eps, hc_eps,
+    stride_xt, stride_xs, stride_wt, stride_wk, stride_ot,
+    RMSNORM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    # Last token first: launch 1 read x in token order, so its newest rows are still in L2.
+    t = T - 1 - pid // NUM_HBLOCKS
+    hb = pid % NUM_HBLOCKS
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    ws = ws_ptr + t * stride_wt
+    g00 = _total(ws, 4, stride_wk, offs_s, mask_s)
+    g11 = _total(ws, 5, stride_wk, offs_s, mask_s)
+    g22 = _total(ws, 6, stride_wk, offs_s, mask_s)
+    g33 = _total(ws, 7, stride_wk, offs_s, mask_s)
+    # r = rsqrt(mean(xf^2) + eps) over all 4H values; sum(xf^2) = trace(G)
+    r = 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + norm_eps)
+    scale = tl.load(scale_ptr)
+    w0 = tl.sigmoid(_total(ws, 0, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr))
+    w1 = tl.sigmoid(_total(ws, 1, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 1))
+    w2 = tl.sigmoid(_total(ws, 2, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 2))
+    w3 = tl.sigmoid(_total(ws, 3, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 3))
+    w0 += hc_eps
+    w1 += hc_eps
+    w2 += hc_eps
+    w3 += hc_eps
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    xr = x_ptr + t * stride_xt + offs_h
+    y = w0 * tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
+    y += w1 * tl.load(xr + stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    y += w2 * tl.load(xr + 2 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    y += w3 * tl.load(xr + 3 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    # hc_head returns x.dtype; the RMSNorm then runs on that rounded y, as in the reference.
+    y = _round_to(y, out_ptr.dtype.element_ty)
+    if RMSNORM:
+        g01 = _total(ws, 8, stride_wk, offs_s, mask_s)
+        g02 = _total(ws, 9, stride_wk, offs_s, mask_s)
+        g03 = _total(ws, 10, stride_wk, offs_s, mask_s)
+        g12 = _total(ws, 11, stride_wk, offs_s, mask_s)
+        g13 = _total(ws, 12, stride_wk, offs_s, mask_s)
+        g23 = _total(ws, 13, stride_wk, offs_s, mask_s)
+        # sum_h y^2 = w^T G w, of the fp32 y (the reference squares y rounded to x.dtype; the
+        # difference is far below the output's rounding)
+        yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
+        yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
+                     + w2 * w3 * g23)
+        rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
+        nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
+        y = _round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter: mirror an H200's grid
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class _Config(NamedTuple):
+    block_t: int
+    block_k: int
+    chunks_per_split: int
+    num_splits: int
+    block_h: int
+
+
+def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None) -> _Config:
+    # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
+    # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
+    # about 4 programs per SM loop over a few 256-wide chunks.
+    block_t = min(triton.next_power_of_2(T), 8)
+    if block_k is None:
+        block_k = 64 if T <= 4 else 128 if T <= 32 else 256
+    n_chunks = triton.cdiv(H, block_k)
+    if num_splits is None:
+        num_splits = min(n_chunks, triton.cdiv(4 * num_sms, triton.cdiv(T, block_t)))
+    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+    num_splits = triton.cdiv(n_chunks, chunks_per_split)
+    if block_h is None:
+        block_h = 256 if T <= 16 else 512 if T <= 128 else 1024
+    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h)
+
+
+def hc_head_triton(
+    x: torch.Tensor,
+    hc_fn: torch.Tensor,
+    hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+    norm_eps: float,
+    hc_eps: float,
+    norm_weight: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    block_k: int | None = None,
+    num_splits: int | None = None,
+    block_h: int | None = None,
+) -> torch.Tensor:
+    """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
+
+    With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
+    ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits`` and ``block_h`` override the tiling.
+    """
+    T, hc, H = x.shape
+    assert hc == HC and T > 0 and x.is_contiguous() and hc_fn.is_contiguous()
+    cfg = _hc_head_config(T, H, _num_sms(x.device), block_k, num_splits, block_h)
+    rmsnorm = norm_weight is not None
+    slots = 14 if rmsnorm else 8
+    ws = torch.empty((T, slots, cfg.num_splits), device=x.device, dtype=torch.float32)
+    if out is None:
+        out = torch.empty((T, H), device=x.device, dtype=x.dtype)
+    grid1 = (triton.cdiv(T, cfg.block_t) * cfg.num_splits,)
+    _hc_head_partials_kernel[grid1](
+        x, hc_fn, ws,
+        T, H, cfg.num_splits,
+        x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1),
+        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, num_warps=4,
+    )
+    num_hblocks = triton.cdiv(H, cfg.block_h)
+    _hc_head_finalize_kernel[(T * num_hblocks,)](
+        x, ws, hc_scale, hc_base, norm_weight if rmsnorm else hc_base, out,
+        T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
+        x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0),
+        RMSNORM=rmsnorm, BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=cfg.block_h,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,202 @@
+"""hc_head: collapse the hc_mult residual streams before the final norm (SPEC §3)."""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4spec.capture import compile_in_capture_mode
+from dsv4spec.kernels import interpreter_enabled, triton_runs_on
+from dsv4spec.kernels.hc_head import HC, hc_head_triton
+
+IMPLS = ("auto", "eager", "compiled", "triton")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def hc_head_reference(x, hc_fn, hc_scale, hc_base, *, norm_eps, hc_eps):
+    """SPEC §3 hc_head, literally: ``x [..., hc_mult, H]`` -> ``[..., H]`` in ``x.dtype``."""
+    hc, H = x.shape[-2:]
+    xf = x.reshape(*x.shape[:-2], hc * H).float()
+    r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps)
+    m = (xf @ hc_fn.T) * r
+    w = torch.sigmoid(m * hc_scale + hc_base) + hc_eps
+    y = (w.unsqueeze(-1) * xf.view(*x.shape[:-2], hc, H)).sum(-2)
+    return y.to(x.dtype)
+
+
+def hc_head_rmsnorm_reference(x, hc_fn, hc_scale, hc_base, norm_weight, *, norm_eps, hc_eps):
+    """hc_head then the draft's shared-head RMSNorm, as the draft composes them.
+
+    ``y = hc_head_reference(...)`` is rounded to ``x.dtype`` first; the RMSNorm runs in fp32 on
+    that rounded ``y``: ``(y * rsqrt(mean(y^2) + norm_eps) * norm_weight).to(x.dtype)``.
+    """
+    y = hc_head_reference(x, hc_fn, hc_scale, hc_base, norm_eps=norm_eps, hc_eps=hc_eps).float()
+    y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + norm_eps) * norm_weight
+    return y.to(x.dtype)
+
+
+_hc_head_compiled = compile_in_capture_mode(hc_head_reference, dynamic=False)
+_hc_head_rmsnorm_compiled = compile_in_capture_mode(hc_head_rmsnorm_reference, dynamic=False)
+
+
+def _check_param(name, t, shape, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} like x, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x must be [..., hc_mult, H] (at least 2 dims), got shape {list(x.shape)}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous, got strides {x.stride()}")
+    hc, H = x.shape[-2:]
+    if H == 0 or hc == 0:
+        raise ValueError(f"x must have hc_mult > 0 and H > 0, got shape {list(x.shape)}")
+    _check_param("hc_fn", hc_fn, (hc, hc * H), x.device)
+    _check_param("hc_scale", hc_scale, (1,), x.device)
+    _check_param("hc_base", hc_base, (hc,), x.device)
+    if norm_weight is not None:
+        _check_param("norm_weight", norm_weight, (H,), x.device)
+    for name, eps in (("norm_eps", norm_eps), ("hc_eps", hc_eps)):
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+            raise ValueError(f"{name} must be a float >= 0, got {eps!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton":
+        if hc != HC:
+            raise ValueError(f"impl='triton' needs hc_mult == {HC}, got x.shape[-2] = {hc}")
+        if not triton_runs_on(x.device):
+            raise ValueError(
+                f"impl='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU), x is on "
+                f"{x.device} and TRITON_INTERPRET is {'on' if interpreter_enabled() else 'off'}"
+            )
+
+
+@torch.library.custom_op("dsv4spec::hc_head", mutates_args=())
+def _hc_head_op(
+    x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    norm_eps: float, hc_eps: float,
+) -> torch.Tensor:
+    return hc_head_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps)
+
+
+@_hc_head_op.register_fake
+def _(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps):
+    return x.new_empty((x.shape[0], x.shape[2]))
+
+
+@torch.library.custom_op("dsv4spec::hc_head_rmsnorm", mutates_args=())
+def _hc_head_rmsnorm_op(
+    x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    norm_weight: torch.Tensor, norm_eps: float, hc_eps: float,
+) -> torch.Tensor:
+    return hc_head_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight=norm_weight)
+
+
+@_hc_head_rmsnorm_op.register_fake
+def _(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps):
+    return x.new_empty((x.shape[0], x.shape[2]))
+
+
+def _resolve(impl, x):
+    if x.numel() == 0:
+        return "eager"
+    if impl == "auto":
+        return "triton" if x.shape[-2] == HC and triton_runs_on(x.device) else "eager"
+    return impl
+
+
+def _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+    _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)
+    impl = _resolve(impl, x)
+    kw = {"norm_eps": norm_eps, "hc_eps": hc_eps}
+    if impl == "triton":
+        x3 = x.reshape(-1, *x.shape[-2:])
+        if norm_weight is None:
+            y = _hc_head_op(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps))
+        else:
+            y = _hc_head_rmsnorm_op(
+                x3, hc_fn, hc_scale, hc_base, norm_weight, float(norm_eps), float(hc_eps)
+            )
+        return y.view(*x.shape[:-2], x.shape[-1])
+    if norm_weight is None:
+        fn = _hc_head_compiled if impl == "compiled" else hc_head_reference
+        return fn(x, hc_fn, hc_scale, hc_base, **kw)
+    fn = _hc_head_rmsnorm_compiled if impl == "compiled" else hc_head_rmsnorm_reference
+    return fn(x, hc_fn, hc_scale, hc_base, norm_weight, **kw)
+
+
+def hc_head(x, hc_fn, hc_scale, hc_base, *, norm_eps, hc_eps, impl="auto"):
+    """Collapse the ``hc_mult`` residual streams into one hidden state (DSV4 ``hc_head``).
+
+    With ``xf = x.reshape(T, hc_mult*H).float()``::
+
+        r = rsqrt(mean(xf^2) + norm_eps)                 # over all hc_mult*H values
+        w = sigmoid((xf @ hc_fn.T) * r * hc_scale + hc_base) + hc_eps    # [T, hc_mult]
+        y = sum_i w[:, i] * xf[:, i, :]                  # fp32, returned in x.dtype
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[T, hc_mult, H]`` (any leading dims), bfloat16, float16 or float32, contiguous.
+    hc_fn : torch.Tensor
+        ``[hc_mult, hc_mult*H]`` float32.
+    hc_scale : torch.Tensor
+        ``[1]`` float32.
+    hc_base : torch.Tensor
+        ``[hc_mult]`` float32.
+    norm_eps, hc_eps : float
+        Epsilons of the RMS factor and of the stream weights (1e-6 in DSV4).
+    impl : {"auto", "eager", "compiled", "triton"}
+        ``"auto"``: the fused Triton kernel (2 launches) on CUDA, and on CPU under
+        ``TRITON_INTERPRET=1``, for hc_mult = 4; the reference elsewhere and for empty input.
+        ``"eager"``: the reference. ``"compiled"``: the reference through
+        ``dsv4spec.capture.compile_in_capture_mode`` (Inductor under ``capture_mode()`` only).
+        ``"triton"``: the fused kernel (empty input still takes the reference).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T, H]`` (leading dims kept) in ``x.dtype``; empty ``x`` gives an empty result.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On a wrong shape, dtype, device or layout, naming the argument.
+    """
+    return _dispatch(x, hc_fn, hc_scale, hc_base, None, norm_eps, hc_eps, impl)
+
+
+def hc_head_rmsnorm(x, hc_fn, hc_scale, hc_base, norm_weight, *, norm_eps, hc_eps, impl="auto"):
+    """:func:`hc_head` followed by the draft's shared-head RMSNorm, fused in the same 2 launches.
+
+    ``y = hc_head(x, ...)`` (in ``x.dtype``), then in fp32
+    ``out = (y * rsqrt(mean(y^2, over H) + norm_eps) * norm_weight).to(x.dtype)``; the same
+    ``norm_eps`` serves both (DSV4's ``rms_norm_eps``). The fused kernel computes ``sum(y^2)`` as
+    ``w^T G w`` from the Gram matrix ``G`` of the streams, in fp32, instead of from ``y`` rounded to
+    ``x.dtype``: the results agree within the output's rounding.
+
+    Parameters
+    ----------
+    x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, impl
+        As in :func:`hc_head`.
+    norm_weight : torch.Tensor
+        ``[H]`` float32, the RMSNorm weight.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[T, H]`` (leading dims kept) in ``x.dtype``.
+    """
+    return _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)

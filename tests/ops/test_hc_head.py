@@ -1,0 +1,296 @@
+import pytest
+import torch
+
+from dsv4spec.capture import capture_mode
+from dsv4spec.kernels.hc_head import hc_head_triton
+from dsv4spec.ops.hc_head import (
+    hc_head,
+    hc_head_reference,
+    hc_head_rmsnorm,
+    hc_head_rmsnorm_reference,
+)
+
+EPS = {"norm_eps": 1e-6, "hc_eps": 1e-6}
+
+# Small grids for the interpreter; every H is checked against masked tails of the 64/128-wide
+# chunks and the H-blocks.
+SHAPES = [
+    pytest.param(1, 8, id="T=1 H=8 one token"),
+    pytest.param(3, 40, id="T=3 H=40 not a power of two"),
+    pytest.param(3, 100, id="T=3 H=100 odd width, masked tail"),
+    pytest.param(17, 100, id="T=17 H=100 three token blocks"),
+]
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
+# fp32 output: relative error (max |diff| / max |ref|) below 1e-5. Half-precision outputs are
+# rounded from an fp32 y that differs from the float64 truth by ~1e-7 relative, so they may land
+# one ulp apart at a rounding boundary: 1 ulp of the output dtype.
+FP32_RTOL = 1e-5
+
+
+def make_inputs(T, H, dtype, device="cpu", hc=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, hc, H, generator=g).to(device=device, dtype=dtype)
+    hc_fn = (torch.randn(hc, hc * H, generator=g) * 0.2).to(device)
+    hc_scale = (torch.rand(1, generator=g) + 0.5).to(device)
+    hc_base = torch.randn(hc, generator=g).to(device)
+    norm_weight = (torch.rand(H, generator=g) + 0.5).to(device)
+    return x, hc_fn, hc_scale, hc_base, norm_weight
+
+
+def hc_head_float64(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps):
+    # An independent float64 formulation: per-stream einsum instead of the flattened matmul.
+    T, hc, H = x.shape
+    xd = x.double()
+    r = 1.0 / torch.sqrt((xd**2).sum((1, 2)) / (hc * H) + norm_eps)
+    m = torch.einsum("tih,jih->tj", xd, hc_fn.double().view(hc, hc, H)) * r[:, None]
+    w = 1.0 / (1.0 + torch.exp(-(m * hc_scale.double() + hc_base.double()))) + hc_eps
+    return torch.einsum("ti,tih->th", w, xd)
+
+
+def rmsnorm_float64(y, weight, eps):
+    yd = y.double()
+    return yd / torch.sqrt((yd**2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def ulp(v, dtype):
+    exp = torch.floor(torch.log2(v.abs().clamp_min(torch.finfo(dtype).tiny)))
+    return torch.finfo(dtype).eps * torch.exp2(exp)
+
+
+def assert_close(actual, expected, dtype, ulps=1):
+    """fp32: max|diff| / max|expected| < 1e-5; half types: |diff| <= ulps of the output dtype."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    a, e = actual.double(), expected.double()
+    diff = (a - e).abs()
+    scale = e.abs().max().clamp_min(1e-30)
+    if dtype == torch.float32:
+        bad = diff > FP32_RTOL * scale
+    else:
+        bad = diff > ulps * ulp(e, dtype) + 1e-6 * scale
+    if bad.any():
+        worst = diff.flatten().argsort(descending=True)[:5]
+        pairs = [(a.flatten()[i].item(), e.flatten()[i].item()) for i in worst]
+        raise AssertionError(
+            f"{int(bad.sum())}/{bad.numel()} elements out of tolerance; rel error "
+            f"{(diff.max() / scale).item():.3g}; worst (actual, expected): {pairs}"
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H", SHAPES)
+def test_reference_matches_float64(T, H, dtype):
+    x, fn, sc, base, nw = make_inputs(T, H, dtype)
+    y64 = hc_head_float64(x, fn, sc, base, **EPS)
+    y = hc_head_reference(x, fn, sc, base, **EPS)
+    assert y.dtype == dtype
+    assert_close(y, y64, dtype)
+    # The composition: y rounded to x.dtype, then the RMSNorm in float64.
+    out64 = rmsnorm_float64(y, nw, EPS["norm_eps"])
+    assert_close(hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), out64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H", SHAPES)
+def test_triton_matches_reference(T, H, dtype):
+    x, fn, sc, base, _ = make_inputs(T, H, dtype)
+    y = hc_head(x, fn, sc, base, **EPS, impl="triton")
+    assert y.dtype == dtype
+    assert_close(y, hc_head_reference(x, fn, sc, base, **EPS), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H", SHAPES)
+def test_triton_rmsnorm_matches_reference(T, H, dtype):
+    x, fn, sc, base, nw = make_inputs(T, H, dtype)
+    out = hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
+    # Half types: y may round one ulp apart (see FP32_RTOL), which the norm carries into the
+    # output before its own rounding: 2 ulps.
+    assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), dtype, ulps=2)
+
+
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_triton_tiling_loops_and_masked_splits(rmsnorm):
+    # 16-wide chunks: 7 chunks over H=100, 2 splits of 4 chunks (the last one partly past H),
+    # 4 H-blocks of 32 with a masked tail.
+    x, fn, sc, base, nw = make_inputs(5, 100, torch.float32)
+    nw = nw if rmsnorm else None
+    out = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, nw, block_k=16, num_splits=2, block_h=32)
+    if rmsnorm:
+        ref = hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS)
+    else:
+        ref = hc_head_reference(x, fn, sc, base, **EPS)
+    assert_close(out, ref, torch.float32)
+
+
+def test_auto_is_triton_in_the_interpreter_and_keeps_leading_dims():
+    x, fn, sc, base, nw = make_inputs(6, 40, torch.bfloat16)
+    x = x.view(2, 3, 4, 40)
+    y = hc_head(x, fn, sc, base, **EPS)
+    assert y.shape == (2, 3, 40)
+    assert torch.equal(y, hc_head(x, fn, sc, base, **EPS, impl="triton"))
+    assert_close(y, hc_head_reference(x, fn, sc, base, **EPS), torch.bfloat16)
+    out = hc_head_rmsnorm(x, fn, sc, base, nw, **EPS)
+    assert out.shape == (2, 3, 40)
+
+
+def test_auto_falls_back_to_reference_for_other_hc_mult():
+    x, fn, sc, base, _ = make_inputs(3, 16, torch.float32, hc=2)
+    assert torch.equal(hc_head(x, fn, sc, base, **EPS), hc_head_reference(x, fn, sc, base, **EPS))
+
+
+@pytest.mark.parametrize("impl", ["auto", "eager", "compiled", "triton"])
+@pytest.mark.parametrize("shape", [
+    pytest.param((0, 4, 40), id="T=0 empty"),
+    pytest.param((2, 0, 4, 40), id="empty leading dims"),
+])
+def test_empty_input(shape, impl):
+    _, fn, sc, base, nw = make_inputs(1, 40, torch.bfloat16)
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    with capture_mode(allow_cpu=True):  # "compiled" must stay eager for empty input
+        y = hc_head(x, fn, sc, base, **EPS, impl=impl)
+        out = hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl=impl)
+    assert y.shape == out.shape == (*shape[:-2], 40)
+    assert y.dtype == out.dtype == torch.bfloat16
+
+
+def test_registered_custom_ops_trace_under_torch_compile():
+    x, fn, sc, base, nw = make_inputs(3, 40, torch.float32)
+
+    def f(x):
+        return hc_head(x, fn, sc, base, **EPS, impl="triton"), hc_head_rmsnorm(
+            x, fn, sc, base, nw, **EPS, impl="triton")
+
+    y, out = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(y, hc_head(x, fn, sc, base, **EPS, impl="triton"))
+    assert torch.equal(out, hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"))
+    torch.library.opcheck(torch.ops.dsv4spec.hc_head.default, (x, fn, sc, base, 1e-6, 1e-6),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _bad(**changes):
+    x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
+    args = {"x": x, "hc_fn": fn, "hc_scale": sc, "hc_base": base, "norm_weight": nw,
+            "norm_eps": 1e-6, "hc_eps": 1e-6, "impl": "auto"}
+    args.update(changes)
+    return args
+
+
+VALIDATION = [
+    pytest.param(_bad(x=[1.0]), TypeError, "x", id="x not a tensor"),
+    pytest.param(_bad(x=torch.randn(8)), ValueError, "x", id="x 1-D"),
+    pytest.param(_bad(x=torch.ones(2, 4, 8, dtype=torch.int32)), ValueError, "x", id="x int32"),
+    pytest.param(_bad(x=torch.randn(2, 8, 4).transpose(1, 2)), ValueError, "x",
+                 id="x non-contiguous"),
+    pytest.param(_bad(x=torch.randn(2, 4, 0)), ValueError, "x", id="x H=0"),
+    pytest.param(_bad(hc_fn="w"), TypeError, "hc_fn", id="hc_fn not a tensor"),
+    pytest.param(_bad(hc_fn=torch.randn(4, 8)), ValueError, "hc_fn", id="hc_fn shape"),
+    pytest.param(_bad(hc_fn=torch.randn(4, 32, dtype=torch.bfloat16)), ValueError, "hc_fn",
+                 id="hc_fn bf16"),
+    pytest.param(_bad(hc_fn=torch.randn(32, 4).T), ValueError, "hc_fn",
+                 id="hc_fn non-contiguous"),
+    pytest.param(_bad(hc_fn=torch.randn(4, 32, device="meta")), ValueError, "hc_fn",
+                 id="hc_fn other device"),
+    pytest.param(_bad(hc_scale=torch.rand(())), ValueError, "hc_scale", id="hc_scale 0-D"),
+    pytest.param(_bad(hc_base=torch.rand(3)), ValueError, "hc_base", id="hc_base shape"),
+    pytest.param(_bad(norm_weight=torch.rand(9)), ValueError, "norm_weight",
+                 id="norm_weight shape"),
+    pytest.param(_bad(norm_eps=-1.0), ValueError, "norm_eps", id="norm_eps negative"),
+    pytest.param(_bad(hc_eps=None), ValueError, "hc_eps", id="hc_eps None"),
+    pytest.param(_bad(impl="cuda"), ValueError, "impl", id="impl unknown"),
+    pytest.param(_bad(x=torch.randn(2, 2, 8), hc_fn=torch.randn(2, 16), hc_base=torch.rand(2),
+                      impl="triton"), ValueError, "hc_mult", id="triton needs hc_mult 4"),
+]
+
+
+@pytest.mark.parametrize("args,exc,name", VALIDATION)
+def test_validation(args, exc, name):
+    with pytest.raises(exc, match=name):
+        hc_head_rmsnorm(args.pop("x"), args.pop("hc_fn"), args.pop("hc_scale"),
+                        args.pop("hc_base"), args.pop("norm_weight"), **args)
+
+
+def test_validation_without_norm_weight():
+    args = _bad(hc_base=torch.rand(5))
+    del args["norm_weight"]
+    with pytest.raises(ValueError, match="hc_base"):
+        hc_head(args.pop("x"), args.pop("hc_fn"), args.pop("hc_scale"), args.pop("hc_base"),
+                **args)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: real widths, bf16, eager vs Triton vs replay from a CUDA graph.
+
+GPU_WIDTHS = [pytest.param(4096, id="H=4096 DSV4-Flash"), pytest.param(7168, id="H=7168 DSV4-Pro")]
+GPU_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", GPU_WIDTHS)
+def test_gpu_triton_matches_reference(H):
+    for T in GPU_TOKENS:
+        x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=T)
+        assert_close(hc_head(x, fn, sc, base, **EPS, impl="triton"),
+                     hc_head_reference(x, fn, sc, base, **EPS), torch.bfloat16)
+        assert_close(hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"),
+                     hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), torch.bfloat16, 2)
+
+
+def _capture(fn):
+    # Warm up (and compile) under capture_mode() on a side stream, then capture, as graph runners do.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), capture_mode():
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with capture_mode(), torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+@pytest.mark.parametrize("impl", ["compiled", "triton"])
+@pytest.mark.parametrize("H", GPU_WIDTHS)
+def test_gpu_cuda_graph_replay(H, impl, rmsnorm):
+    for T in GPU_TOKENS:
+        x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=T)
+        if rmsnorm:
+            def call():
+                return hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl=impl)
+            ref_fn, ulps = lambda: hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), 2
+        else:
+            def call():
+                return hc_head(x, fn, sc, base, **EPS, impl=impl)
+            ref_fn, ulps = lambda: hc_head_reference(x, fn, sc, base, **EPS), 1
+        graph, out = _capture(call)
+        for seed in (1, 2):  # new data in the static input, replay, compare with eager
+            x.copy_(make_inputs(T, H, torch.bfloat16, "cuda", seed=1000 * seed + T)[0])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_close(out, ref_fn(), torch.bfloat16, ulps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [4, 256])
+def test_gpu_kernels_per_call(T):
+    from dsv4spec.bench.common import count_kernels
+
+    x, fn, sc, base, nw = make_inputs(T, 7168, torch.bfloat16, "cuda")
+
+    def compiled():
+        with capture_mode():
+            return hc_head(x, fn, sc, base, **EPS, impl="compiled")
+
+    compiled()  # compile outside the profiled calls
+    eager = count_kernels(lambda: hc_head(x, fn, sc, base, **EPS, impl="eager"))
+    n_compiled = count_kernels(compiled)
+    n_triton = count_kernels(lambda: hc_head(x, fn, sc, base, **EPS, impl="triton"))
+    n_fused_norm = count_kernels(lambda: hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"))
+    assert n_triton <= 2 and n_fused_norm <= 2, (n_triton, n_fused_norm)
+    assert n_compiled < eager, (n_compiled, eager)
