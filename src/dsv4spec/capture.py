@@ -1,4 +1,4 @@
-"""Capture-time compilation: compile selected functions with Inductor only while graphs are captured.
+"""Capture-time compilation: compile chosen functions with Inductor only while graphs are captured.
 
 Graph runners hold :func:`capture_mode` around the warm-up runs and the capture of each batch size.
 A function decorated with :func:`compile_in_capture_mode` then runs a ``torch.compile`` of itself
@@ -53,7 +53,7 @@ def is_capture_mode() -> bool:
 
 
 def stream_is_capturing() -> bool:
-    """``torch.cuda.is_current_stream_capturing()``, False where CUDA is absent (it raises there)."""
+    """``torch.cuda.is_current_stream_capturing()``; False without CUDA (where it raises)."""
     if not torch.cuda.is_available():
         return False
     try:

@@ -34,7 +34,8 @@ FP32_RTOL = 1e-5
 def make_inputs(T, H, dtype, device="cpu", hc=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, hc, H, generator=g).to(device=device, dtype=dtype)
-    hc_fn = (torch.randn(hc, hc * H, generator=g) * 0.2).to(device)
+    # std 1/sqrt(hc*H): the logits m are ~N(0, 1) at every width, so no sigmoid saturates.
+    hc_fn = (torch.randn(hc, hc * H, generator=g) * (hc * H) ** -0.5).to(device)
     hc_scale = (torch.rand(1, generator=g) + 0.5).to(device)
     hc_base = torch.randn(hc, generator=g).to(device)
     norm_weight = (torch.rand(H, generator=g) + 0.5).to(device)
@@ -240,7 +241,7 @@ def test_gpu_triton_matches_reference(H):
 
 
 def _capture(fn):
-    # Warm up (and compile) under capture_mode() on a side stream, then capture, as graph runners do.
+    # Warm up (and compile) under capture_mode() on a side stream, then capture, as runners do.
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), capture_mode():
@@ -258,7 +259,9 @@ def _capture(fn):
 @pytest.mark.parametrize("impl", ["compiled", "triton"])
 @pytest.mark.parametrize("H", GPU_WIDTHS)
 def test_gpu_cuda_graph_replay(H, impl, rmsnorm):
-    for T in GPU_TOKENS:
+    # Inductor compiles once per T (dynamic=False): a subset here keeps the GPU run short; the
+    # hc-head benchmark captures and refchecks the compiled path at every T of GPU_TOKENS.
+    for T in (GPU_TOKENS if impl == "triton" else (1, 4, 256)):
         x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=T)
         if rmsnorm:
             def call():

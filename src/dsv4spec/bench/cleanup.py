@@ -29,8 +29,7 @@ SHAPES = [(1, 1, 4), (8, 1, 4), (31, 1, 4), (31, 8, 4), (31, 32, 4), (31, 1, 8),
 QUICK_SHAPES = [(31, 1, 4), (64, 1, 4), (31, 256, 8)]
 SWEEP_STATES = [1, 2, 4, 8, 16, 31, 48, 64]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-COLUMNS = ["dtype", "states", "batch", "draft", "accept", "loop_eager_us",
-           "fused_dispatch_eager_us", "fused_eager_us",
+COLUMNS = ["dtype", "states", "batch", "draft", "accept", "loop_eager_us", "fused_eager_us",
            "speedup_eager", "loop_graph_us", "fused_graph_us", "speedup_graph",
            "fused_over_floor", "written_MB", "fused_TBps", "pct_copy_bw"]
 
@@ -57,16 +56,11 @@ class Case:
             self.acc = torch.randint(1, num_draft + 1, (batch,), device="cuda", generator=g).int()
         self.num_draft = num_draft
         self.fused = C128DraftCleanup(self.states, ring_size=RING, max_num_draft_tokens=num_draft)
-        self.fused_dispatch = C128DraftCleanup(self.states, ring_size=RING,
-                                               max_num_draft_tokens=num_draft, cached_launch=False)
         rejected_rows = int((num_draft - self.acc).sum())
         self.bytes_written = num_states * rejected_rows * 2 * HALF * self.states[0].element_size()
 
     def run_fused(self) -> None:
         self.fused.clear(self.idx, self.seq, self.acc, num_draft_tokens=self.num_draft)
-
-    def run_fused_dispatch(self) -> None:
-        self.fused_dispatch.clear(self.idx, self.seq, self.acc, num_draft_tokens=self.num_draft)
 
     def run_loop(self) -> None:
         for state in self.states:
@@ -81,7 +75,7 @@ class Case:
         for e in expected:
             clear_unaccepted_c128_draft_states_reference(
                 e, self.idx, self.seq, self.acc, ring_size=RING, num_draft_tokens=self.num_draft)
-        for run in (self.run_fused, self.run_fused_dispatch, self.run_loop):
+        for run in (self.run_fused, self.run_loop):
             for i, o in zip(picks, originals):
                 self.states[i].copy_(o)
             run()
@@ -99,8 +93,6 @@ def measure(case: Case, quick: bool) -> dict[str, float]:
         out[f"{name}_graph_us"] = graph["median_us"]
         out[f"{name}_graph_p20_us"] = graph["p20_us"]
         out[f"{name}_graph_p80_us"] = graph["p80_us"]
-    # The same fused kernel through Triton's per-call dispatcher: what the cached launch saves.
-    out["fused_dispatch_eager_us"] = time_eager(case.run_fused_dispatch, calls=calls)["median_us"]
     return out
 
 
@@ -115,8 +107,7 @@ def plot(sweep: list[dict], floor: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["states"] for r in sweep]
     for key, style, label in (("loop_eager_us", "o--", "per-layer loop, eager"),
-                              ("fused_dispatch_eager_us", "o:", "fused, eager, Triton dispatch"),
-                              ("fused_eager_us", "o-", "fused, eager, cached launch"),
+                              ("fused_eager_us", "o-", "fused, eager"),
                               ("loop_graph_us", "s--", "per-layer loop, CUDA graph"),
                               ("fused_graph_us", "s-", "fused, CUDA graph")):
         ax.plot(xs, [r[key] for r in sweep], style, label=label)
@@ -183,6 +174,6 @@ def main(args: argparse.Namespace) -> int:
     plot(sweep, floor, out / "cleanup.png")
     print()
     print_table(rows, COLUMNS)
-    print_table(sweep, ["states", "loop_eager_us", "fused_dispatch_eager_us", "fused_eager_us",
-                        "loop_graph_us", "fused_graph_us"])
+    print_table(sweep, ["states", "loop_eager_us", "fused_eager_us", "loop_graph_us",
+                        "fused_graph_us"])
     return 0

@@ -10,6 +10,7 @@ launch-bound op (the same quantity the upstream "eager" rows measure).
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import platform
 import shlex
@@ -41,7 +42,7 @@ def time_in_graph(fn: Callable[[], object], rep_ms: int = 30) -> dict[str, float
     return _timing(samples)
 
 
-def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 15) -> dict[str, float]:
+def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 25) -> dict[str, float]:
     """Per-call time of ``calls`` back-to-back eager calls between two events (µs).
 
     No synchronisation inside the loop: the number is max(host dispatch, device time) per call,
@@ -51,6 +52,8 @@ def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 15) ->
         fn()
     torch.cuda.synchronize()
     samples = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside the loop would land in one sample (as timeit does)
     for _ in range(repeats):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
@@ -60,6 +63,8 @@ def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 15) ->
         end.record()
         torch.cuda.synchronize()
         samples.append(start.elapsed_time(end) / calls)
+    if gc_was_enabled:
+        gc.enable()
     return _timing(samples)
 
 

@@ -194,7 +194,8 @@ def main(args: argparse.Namespace) -> int:
                "targets_H7168": targets}
     notes = (f"Launch floor (empty Triton kernel): {floor['empty_kernel_graph_us']:.2f} µs in a "
              f"graph, {floor['empty_kernel_eager_us']:.2f} µs eager. Copy bandwidth "
-             f"{copy_bw / 1e12:.2f} TB/s. " + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
+             f"{copy_bw / 1e12:.2f} TB/s. "
+             + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
     paths = common.write_results(args.out, "hc_head", payload, rows, COLUMNS, notes=notes)
     png = paths[0].with_suffix(".png")
     if plot(rows, png):

@@ -1,4 +1,4 @@
-"""Fused hc_head (SPEC §3) for hc_mult = 4 in two launches, optionally with the shared-head RMSNorm.
+"""Fused hc_head (SPEC §3) for hc_mult = 4 in two launches, optionally with the head RMSNorm.
 
 Launch 1 (partials), grid = token blocks x K-splits: each program reads BLOCK_T tokens over a range
 of h for all 4 streams plus the matching columns of the 4 rows of ``hc_fn``, and writes per token
@@ -11,9 +11,9 @@ before any y is formed: ``sum_h y^2 = w^T G w`` (fp32). So the RMSNorm costs 6 m
 launch 1 and a weight load in launch 2, and both launches stay parallel over (T, H).
 
 Bytes (bf16, H = 7168): T = 4 reads 229 KB of x and the 459 KB ``hc_fn`` (which dominates; split
-over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T = 1024 reads 58.7 MB
-of x, ``hc_fn`` once per 8-token block (from L2), writes 14.7 MB; launch 2 reads x a second time,
-last token first so the rows launch 1 read last are still in L2.
+over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T = 1024 reads
+58.7 MB of x, ``hc_fn`` once per 8-token block (from L2), writes 14.7 MB; launch 2 reads x a
+second time, last token first so the rows launch 1 read last are still in L2.
 """
 
 from __future__ import annotations
@@ -245,7 +245,8 @@ def hc_head_triton(
         x, hc_fn, ws,
         T, H, cfg.num_splits,
         x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1),
-        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, num_warps=4,
+        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
+        BLOCK_K=cfg.block_k, num_warps=4,
     )
     num_hblocks = triton.cdiv(H, cfg.block_h)
     _hc_head_finalize_kernel[(T * num_hblocks,)](

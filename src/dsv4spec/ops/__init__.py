@@ -11,3 +11,9 @@ __all__ = [
     "clear_unaccepted_c128_draft_states",
     "clear_unaccepted_c128_draft_states_reference",
 ]
+from dsv4spec.ops.hc_head import (  # noqa: E402, F401
+    hc_head,
+    hc_head_reference,
+    hc_head_rmsnorm,
+    hc_head_rmsnorm_reference,
+)

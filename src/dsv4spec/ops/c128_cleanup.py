@@ -19,7 +19,7 @@ import torch
 from dsv4spec.kernels import triton_runs_on
 from dsv4spec.kernels.c128_cleanup import (
     GRID_AXIS_LIMIT,
-    FusedCleanupLauncher,
+    c128_cleanup_fused_triton,
     c128_cleanup_triton,
     cleanup_launch_config,
 )
@@ -177,16 +177,12 @@ class C128DraftCleanup:
         Rows per request slot (256 with speculation).
     max_num_draft_tokens : int
         Largest ``num_draft_tokens`` :meth:`clear` will see; sizes the grid-limit check.
-    cached_launch : bool
-        Reuse the compiled kernel's launcher instead of Triton's per-call dispatch (CUDA only);
-        cuts the host cost of an eager :meth:`clear` (see ``FusedCleanupLauncher``).
     """
 
     def __init__(self, states: Sequence[torch.Tensor], *, ring_size: int,
-                 max_num_draft_tokens: int = 8, cached_launch: bool = True) -> None:
+                 max_num_draft_tokens: int = 8) -> None:
         self.ring_size = ring_size
         self.max_num_draft_tokens = max_num_draft_tokens
-        self.cached_launch = cached_launch
         self.refresh(states)
 
     def refresh(self, states: Sequence[torch.Tensor] | None = None) -> None:
@@ -203,9 +199,6 @@ class C128DraftCleanup:
         self.backend = "triton" if triton_runs_on(self.device) else "torch"
         self._pointers = [t.data_ptr() for t in states]
         self.table = torch.tensor(self._pointers, dtype=torch.int64, device=self.device)
-        self._launch = FusedCleanupLauncher(self.table, self.dtype, self.num_states,
-                                            self.num_rows, self.half, self.ring_size,
-                                            cached=self.cached_launch)
 
     def _validate(self, states: list[torch.Tensor]) -> None:
         if len(states) == 0:
@@ -268,4 +261,6 @@ class C128DraftCleanup:
                     state, req_pool_indices, seq_lens, accept_lens, ring_size=self.ring_size,
                     num_draft_tokens=num_draft_tokens)
             return
-        self._launch(req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+        c128_cleanup_fused_triton(
+            self.table, self.dtype, self.num_states, self.num_rows, self.half, self.ring_size,
+            req_pool_indices, seq_lens, accept_lens, num_draft_tokens)

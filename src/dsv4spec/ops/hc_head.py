@@ -55,7 +55,7 @@ def _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 2:
-        raise ValueError(f"x must be [..., hc_mult, H] (at least 2 dims), got shape {list(x.shape)}")
+        raise ValueError(f"x must be [..., hc_mult, H] (2+ dims), got shape {list(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     if not x.is_contiguous():
