@@ -213,6 +213,32 @@ def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None) 
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h)
 
 
+def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4) -> None:
+    T, _, H = x.shape
+    grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits,)
+    _hc_head_partials_kernel[grid](
+        x, hc_fn, ws,
+        T, H, cfg.num_splits,
+        x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1),
+        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
+        BLOCK_K=cfg.block_k, num_warps=num_warps,
+    )
+
+
+def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
+                     num_warps: int = 4) -> None:
+    T, _, H = x.shape
+    rmsnorm = norm_weight is not None
+    num_hblocks = triton.cdiv(H, cfg.block_h)
+    _hc_head_finalize_kernel[(T * num_hblocks,)](
+        x, ws, hc_scale, hc_base, norm_weight if rmsnorm else hc_base, out,
+        T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
+        x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0),
+        RMSNORM=rmsnorm, BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=cfg.block_h,
+        num_warps=num_warps,
+    )
+
+
 def hc_head_triton(
     x: torch.Tensor,
     hc_fn: torch.Tensor,
@@ -236,24 +262,10 @@ def hc_head_triton(
     assert hc == HC and T > 0 and x.is_contiguous() and hc_fn.is_contiguous()
     cfg = _hc_head_config(T, H, _num_sms(x.device), block_k, num_splits, block_h)
     rmsnorm = norm_weight is not None
-    slots = 14 if rmsnorm else 8
-    ws = torch.empty((T, slots, cfg.num_splits), device=x.device, dtype=torch.float32)
+    ws = torch.empty((T, 14 if rmsnorm else 8, cfg.num_splits), device=x.device,
+                     dtype=torch.float32)
     if out is None:
         out = torch.empty((T, H), device=x.device, dtype=x.dtype)
-    grid1 = (triton.cdiv(T, cfg.block_t) * cfg.num_splits,)
-    _hc_head_partials_kernel[grid1](
-        x, hc_fn, ws,
-        T, H, cfg.num_splits,
-        x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1),
-        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
-        BLOCK_K=cfg.block_k, num_warps=4,
-    )
-    num_hblocks = triton.cdiv(H, cfg.block_h)
-    _hc_head_finalize_kernel[(T * num_hblocks,)](
-        x, ws, hc_scale, hc_base, norm_weight if rmsnorm else hc_base, out,
-        T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
-        x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0),
-        RMSNORM=rmsnorm, BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=cfg.block_h,
-        num_warps=4,
-    )
+    _launch_partials(x, hc_fn, ws, cfg, rmsnorm)
+    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg)
     return out
