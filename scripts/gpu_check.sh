@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUT_DIR [steps...]}
 shift
-STEPS=${*:-tests sanitizer cleanup hc-head}
+STEPS=${*:-tests cleanup hc-head sanitizer}
 mkdir -p "$OUT/results"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

@@ -199,18 +199,26 @@ class _Config(NamedTuple):
 def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None) -> _Config:
     # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
     # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
-    # about 4 programs per SM loop over a few 256-wide chunks.
+    # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
+    # H = 7168 (scripts/tune_hc_head.py).
     block_t = min(triton.next_power_of_2(T), 8)
     if block_k is None:
         block_k = 64 if T <= 4 else 128 if T <= 32 else 256
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
-        num_splits = min(n_chunks, triton.cdiv(4 * num_sms, triton.cdiv(T, block_t)))
+        programs_per_sm = 4 if T <= 64 else 12
+        num_splits = min(n_chunks, triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, block_t)))
     chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_h is None:
-        block_h = 256 if T <= 16 else 512 if T <= 128 else 1024
+        block_h = 128 if T <= 8 else 1024 if T <= 128 else 512
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h)
+
+
+def _num_warps(T: int) -> tuple[int, int]:
+    # (partials, finalize). Swept at H = 7168: T = 4 partials 2.46 µs at 4 warps; T = 64 3.63 µs
+    # at 2 (3.90 at 4); finalize at 1 warp everywhere (T = 4: 1.74 µs vs 3.87 at 4 warps).
+    return (4 if T <= 4 else 2), 1
 
 
 def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4) -> None:
@@ -266,6 +274,8 @@ def hc_head_triton(
                      dtype=torch.float32)
     if out is None:
         out = torch.empty((T, H), device=x.device, dtype=x.dtype)
-    _launch_partials(x, hc_fn, ws, cfg, rmsnorm)
-    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg)
+    warps_partials, warps_finalize = _num_warps(T)
+    _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps_partials)
+    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg,
+                     warps_finalize)
     return out
