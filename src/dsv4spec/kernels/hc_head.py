@@ -121,9 +121,8 @@ def _round_to(y, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _slot(totals, offs_k, K: tl.constexpr):
-    # Element K of a small register vector (Triton has no scalar indexing of tensors).
-    return tl.sum(tl.where(offs_k == K, totals, 0.0), axis=0)
+def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
+    return tl.sum(tl.load(ws_ptr + SLOT * stride_wk + offs_s, mask=mask_s, other=0.0), axis=0)
 
 
 @triton.jit
@@ -139,23 +138,18 @@ def _hc_head_finalize_kernel(
     hb = pid % NUM_HBLOCKS
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < NUM_SPLITS
-    # All of this token's partials in one [16, BLOCK_S] load (8 or 14 slots), one reduction.
-    offs_k = tl.arange(0, 16)
-    mask_k = offs_k < 8 + 6 * RMSNORM
-    parts = tl.load(ws_ptr + t * stride_wt + offs_k[:, None] * stride_wk + offs_s[None, :],
-                    mask=mask_k[:, None] & mask_s[None, :], other=0.0)
-    totals = tl.sum(parts, axis=1)
-    g00 = _slot(totals, offs_k, 4)
-    g11 = _slot(totals, offs_k, 5)
-    g22 = _slot(totals, offs_k, 6)
-    g33 = _slot(totals, offs_k, 7)
+    ws = ws_ptr + t * stride_wt
+    g00 = _total(ws, 4, stride_wk, offs_s, mask_s)
+    g11 = _total(ws, 5, stride_wk, offs_s, mask_s)
+    g22 = _total(ws, 6, stride_wk, offs_s, mask_s)
+    g33 = _total(ws, 7, stride_wk, offs_s, mask_s)
     # r = rsqrt(mean(xf^2) + eps) over all 4H values; sum(xf^2) = trace(G)
     r = 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + norm_eps)
     scale = tl.load(scale_ptr)
-    w0 = tl.sigmoid(_slot(totals, offs_k, 0) * r * scale + tl.load(base_ptr))
-    w1 = tl.sigmoid(_slot(totals, offs_k, 1) * r * scale + tl.load(base_ptr + 1))
-    w2 = tl.sigmoid(_slot(totals, offs_k, 2) * r * scale + tl.load(base_ptr + 2))
-    w3 = tl.sigmoid(_slot(totals, offs_k, 3) * r * scale + tl.load(base_ptr + 3))
+    w0 = tl.sigmoid(_total(ws, 0, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr))
+    w1 = tl.sigmoid(_total(ws, 1, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 1))
+    w2 = tl.sigmoid(_total(ws, 2, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 2))
+    w3 = tl.sigmoid(_total(ws, 3, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 3))
     w0 += hc_eps
     w1 += hc_eps
     w2 += hc_eps
@@ -170,12 +164,12 @@ def _hc_head_finalize_kernel(
     # hc_head returns x.dtype; the RMSNorm then runs on that rounded y, as in the reference.
     y = _round_to(y, out_ptr.dtype.element_ty)
     if RMSNORM:
-        g01 = _slot(totals, offs_k, 8)
-        g02 = _slot(totals, offs_k, 9)
-        g03 = _slot(totals, offs_k, 10)
-        g12 = _slot(totals, offs_k, 11)
-        g13 = _slot(totals, offs_k, 12)
-        g23 = _slot(totals, offs_k, 13)
+        g01 = _total(ws, 8, stride_wk, offs_s, mask_s)
+        g02 = _total(ws, 9, stride_wk, offs_s, mask_s)
+        g03 = _total(ws, 10, stride_wk, offs_s, mask_s)
+        g12 = _total(ws, 11, stride_wk, offs_s, mask_s)
+        g13 = _total(ws, 12, stride_wk, offs_s, mask_s)
+        g23 = _total(ws, 13, stride_wk, offs_s, mask_s)
         # sum_h y^2 = w^T G w, of the fp32 y (the reference squares y rounded to x.dtype; the
         # difference is far below the output's rounding)
         yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
