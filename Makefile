@@ -31,7 +31,8 @@ bench: setup
 	$(PY) -m dsv4spec.cli bench hc-head --out benchmarks/results
 
 lint: setup
-	$(PY) -m ruff check src tests
+	$(PY) -m pip install -q ruff
+	$(PY) -m ruff check src tests scripts
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

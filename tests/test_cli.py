@@ -24,7 +24,8 @@ def test_demo_fused_and_loop_equal_reference(capsys, monkeypatch):
     assert "neutralised rows [768, 769]" in out, out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks the message on a machine without CUDA")
 def test_bench_cleanup_without_cuda_fails_clearly(capsys, tmp_path):
     out_dir = tmp_path / "results"
     rc = main(["bench", "cleanup", "--out", str(out_dir)])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 
 import torch
 
-SHARED_CONFIG = Path(__file__).resolve().parents[3] / "shared" / "dsv4" / "DeepSeek-V4-Pro.config.json"
-# DSV4-Pro: [128, 128] + [4, 128] * 29 + [4] + [0 for the MTP layer] -> 31 C128 layers.
+# DSV4-Pro's released compress_ratios: [128, 128] + [4, 128] * 29 + [4] + [0 for the MTP layer]
+# -> 31 C128 layers (tests/cache checks this against the released config.json when present).
 PRO_COMPRESS_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
 
 
@@ -42,8 +40,6 @@ def run_demo(device: str | None = None) -> int:
     from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 
     ratios = PRO_COMPRESS_RATIOS
-    if SHARED_CONFIG.exists():
-        ratios = json.loads(SHARED_CONFIG.read_text())["compress_ratios"]
     num_slots, num_draft, batch = 8, 4, 4
     fused = C128StatePool.from_compress_ratios(ratios, num_slots, device=device)
     loop = C128StatePool.from_compress_ratios(ratios, num_slots, device=device, cleanup="loop")

@@ -1,11 +1,26 @@
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from dsv4spec.cache import C128StatePool, count_c128_layers
+from dsv4spec.demo import PRO_COMPRESS_RATIOS
 from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 
 PRO_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
 FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4] + [0]
+
+
+RELEASED = Path(__file__).resolve().parents[3] / "shared" / "dsv4"
+
+
+@pytest.mark.skipif(not RELEASED.exists(), reason="released configs not beside the checkout")
+def test_ratios_match_released_configs():
+    pro = json.loads((RELEASED / "DeepSeek-V4-Pro.config.json").read_text())["compress_ratios"]
+    flash = json.loads((RELEASED / "DeepSeek-V4-Flash.config.json").read_text())["compress_ratios"]
+    assert pro == PRO_RATIOS == PRO_COMPRESS_RATIOS
+    assert flash == FLASH_RATIOS
 
 
 def test_layer_counts_of_released_models():

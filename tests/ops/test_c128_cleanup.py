@@ -144,10 +144,12 @@ def test_torch_fallback_equals_reference(monkeypatch):
 def test_no_op(num_draft, batch):
     states = random_states(2, 4 * 8 + 9, 5, torch.float32)
     before = [s.clone() for s in states]
-    idx, seq, acc = (torch.arange(batch), torch.full((batch,), 5), torch.ones(batch, dtype=torch.long))
+    idx, seq = torch.arange(batch), torch.full((batch,), 5)
+    acc = torch.ones(batch, dtype=torch.long)
     C128DraftCleanup(states, ring_size=8).clear(idx, seq, acc, num_draft_tokens=num_draft)
     for s in states:
-        clear_unaccepted_c128_draft_states(s, idx, seq, acc, ring_size=8, num_draft_tokens=num_draft)
+        clear_unaccepted_c128_draft_states(s, idx, seq, acc, ring_size=8,
+                                           num_draft_tokens=num_draft)
     for s, b in zip(states, before):
         assert_bit_identical(s, b, "no-op")
 

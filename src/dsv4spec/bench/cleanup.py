@@ -150,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
                 row["fused_over_floor"] = t["fused_graph_us"] / floor["empty_kernel_graph_us"]
                 row["written_MB"] = case.bytes_written / 1e6
                 row["fused_TBps"] = case.bytes_written / (t["fused_graph_us"] * 1e-6) / 1e12
-                row["pct_copy_bw"] = 100 * case.bytes_written / (t["fused_graph_us"] * 1e-6) / bandwidth
+                row["pct_copy_bw"] = 100 * row["fused_TBps"] * 1e12 / bandwidth
                 rows.append(row)
                 print_table([row], COLUMNS)
                 del case

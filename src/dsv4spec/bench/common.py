@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench, do_bench_cudagraph
 
 QUANTILES = (0.5, 0.2, 0.8)

@@ -43,7 +43,8 @@ def _neutralise_rows(
     zero = tl.zeros((DRAFT_BLOCK, HALF_BLOCK), dtype=tl.float32)
     # bf16 constants are built in fp32 and cast (Triton 3.6's interpreter cannot build them).
     tl.store(state_ptr + offs, zero.to(state_ptr.dtype.element_ty), mask=mask)
-    tl.store(state_ptr + offs + HALF, (zero - float("inf")).to(state_ptr.dtype.element_ty), mask=mask)
+    neg_inf = zero - float("inf")
+    tl.store(state_ptr + offs + HALF, neg_inf.to(state_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
