@@ -11,19 +11,6 @@ import torch
 PRO_COMPRESS_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
 
 
-def _timed(fn, repeats: int = 200) -> float:
-    """Mean µs per eager call of ``fn`` between two CUDA events."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
-
-
 def run_demo(device: str | None = None) -> int:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,8 +53,11 @@ def run_demo(device: str | None = None) -> int:
         print("timings need a GPU (the Triton interpreter is not a speed measurement): "
               "run `dsv4spec demo` or `dsv4spec bench cleanup` on a CUDA machine")
         return 0 if same else 1
-    t_fused = _timed(lambda: fused.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft))
-    t_loop = _timed(lambda: loop.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft))
-    print(f"rollback per step (eager, CUDA events): fused {t_fused:.1f} µs, per-layer loop "
+    from dsv4spec.bench.common import time_eager
+
+    t_fused = time_eager(lambda: fused.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft))
+    t_loop = time_eager(lambda: loop.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft))
+    t_fused, t_loop = t_fused["median_us"], t_loop["median_us"]
+    print(f"rollback per step (eager median, CUDA events): fused {t_fused:.1f} µs, per-layer loop "
           f"{t_loop:.1f} µs ({t_loop / t_fused:.1f}x)")
     return 0 if same else 1
