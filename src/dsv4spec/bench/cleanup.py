@@ -12,6 +12,7 @@ from dsv4spec.bench.common import (
     environment,
     launch_floor,
     print_table,
+    pyplot,
     time_eager,
     time_in_graph,
     write_results,
@@ -97,12 +98,8 @@ def measure(case: Case, quick: bool) -> dict[str, float]:
 
 
 def plot(sweep: list[dict], floor: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["states"] for r in sweep]

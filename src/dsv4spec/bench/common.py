@@ -23,8 +23,6 @@ import torch
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-QUANTILES = (0.5, 0.2, 0.8)
-
 
 def _timing(samples_ms: Sequence[float]) -> dict[str, float]:
     qs = statistics.quantiles(samples_ms, n=10) if len(samples_ms) > 1 else [samples_ms[0]] * 9
@@ -160,6 +158,18 @@ def write_results(
     md_path = out / f"{name}.md"
     md_path.write_text("\n".join(md))
     return [json_path, md_path]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib (extra ``bench``) is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

@@ -125,12 +125,8 @@ def check_targets(rows: list[dict], H: int = 7168) -> dict[str, bool]:
 
 
 def plot(rows: list[dict], path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = common.pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
     for H in sorted({r["H"] for r in rows}):
