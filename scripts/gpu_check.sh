@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
 # whose python3 already has torch and triton (no network needed).
-#   scripts/gpu_check.sh OUT_DIR [steps...]     steps: tests sanitizer cleanup hc-head (default all)
+#   scripts/gpu_check.sh OUT_DIR [steps...]
+#   steps: tests sanitizer eager-cost cleanup hc-head (default all); cleanup:quick and
+#   hc-head:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
+# SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
+# DSV4SPEC_SGLANG_ROOT pointing at an unpacked wheel: a folder holding sglang/).
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUT_DIR [steps...]}
 shift
-STEPS=${*:-tests cleanup hc-head sanitizer}
+STEPS=${*:-tests eager-cost cleanup hc-head sanitizer}
 mkdir -p "$OUT/results"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -29,13 +33,16 @@ for s in $STEPS; do
       step "compute-sanitizer memcheck over the GPU cleanup tests"
       # The profiler-based kernel count is left out: CUPTI and the sanitizer do not run together.
       compute-sanitizer --tool memcheck --print-limit 20 \
-        $PY -m pytest -m gpu -q -p no:cacheprovider -k "not one_kernel" tests/ops/test_c128_cleanup.py \
+        $PY -m pytest -m gpu -q -p no:cacheprovider -k "not one_kernel and not launches_nothing" tests/ops/test_c128_cleanup.py \
         > "$OUT/sanitizer_memcheck.log" 2>&1
       echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
       tail -8 "$OUT/sanitizer_memcheck.log" ;;
-    cleanup|hc-head)
-      step "dsv4spec bench $s"
-      $PY -m dsv4spec.cli bench "$s" --out "$OUT/results" 2>&1 | tee "$OUT/bench_$s.log" | tail -40
+    eager-cost|cleanup|hc-head|cleanup:quick|hc-head:quick)
+      name=${s%:quick}
+      flags=$([ "$s" != "$name" ] && echo --quick)
+      step "dsv4spec bench $name $flags --peer sglang"
+      $PY -m dsv4spec.cli bench "$name" $flags --peer sglang --out "$OUT/results" 2>&1 \
+        | tee "$OUT/bench_$name.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     *) echo "unknown step $s"; status=1 ;;
   esac

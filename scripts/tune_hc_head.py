@@ -29,7 +29,7 @@ def main() -> None:
         x, fn, sc, base, nw = make_inputs(T, H)
         for norm in (None, nw):
             tag = f"T={T:5d} {'norm' if norm is not None else 'head'}"
-            cfg = _hc_head_config(T, H, _num_sms(x.device))
+            cfg = _hc_head_config(T, H, _num_sms(x.get_device()))
             ws = torch.empty((T, 14 if norm is not None else 8, cfg.num_splits), device="cuda")
             out = torch.empty((T, H), device="cuda", dtype=x.dtype)
             full = us(lambda: hc_head_triton(x, fn, sc, base, *EPS, norm_weight=norm))
@@ -42,8 +42,8 @@ def main() -> None:
             best_p = (p, "default")
             for block_k, split_mul, warps in itertools.product((64, 128, 256, 512),
                                                                (0.5, 1, 2), (1, 2, 4, 8)):
-                c0 = _hc_head_config(T, H, _num_sms(x.device), block_k=block_k)
-                c = _hc_head_config(T, H, _num_sms(x.device), block_k=block_k,
+                c0 = _hc_head_config(T, H, _num_sms(x.get_device()), block_k=block_k)
+                c = _hc_head_config(T, H, _num_sms(x.get_device()), block_k=block_k,
                                     num_splits=max(1, int(c0.num_splits * split_mul)))
                 w = torch.empty((T, ws.shape[1], c.num_splits), device="cuda")
                 t = us(lambda: _launch_partials(x, fn, w, c, norm is not None, warps))

@@ -282,21 +282,45 @@ def test_mixed_devices_rejected():
     pytest.param(dict(req_pool_indices=torch.tensor([0.0])), TypeError, "req_pool_indices",
                  id="float indices"),
     pytest.param(dict(seq_lens=torch.tensor([[1]])), ValueError, "seq_lens", id="2-D seq_lens"),
-    pytest.param(dict(accept_lens=torch.tensor([1, 1])), ValueError, "accept_lens",
+    pytest.param(dict(accept_lens=torch.tensor([1, 1, 1])), ValueError, "accept_lens",
                  id="length mismatch"),
     pytest.param(dict(seq_lens=[1]), TypeError, "seq_lens", id="list, not tensor"),
     pytest.param(dict(accept_lens=torch.tensor([1], device="meta")), ValueError, "accept_lens",
                  id="other device"),
+    # Without this rule the kernel would read [0, 1] as slots [0, 9] and clear the wrong rows.
+    pytest.param(dict(req_pool_indices=torch.tensor([0, 9, 1, 9])[::2]), ValueError,
+                 "req_pool_indices must be contiguous", id="strided req_pool_indices"),
+    pytest.param(dict(seq_lens=torch.tensor([1, 5, 2, 5])[::2]), ValueError,
+                 "seq_lens must be contiguous", id="strided seq_lens"),
+    pytest.param(dict(accept_lens=torch.tensor([1, 3, 1, 3])[::2]), ValueError,
+                 "accept_lens must be contiguous", id="strided accept_lens"),
 ])
 def test_index_validation(kwargs, error, match):
-    args = dict(req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([1]),
-                accept_lens=torch.tensor([1]))
+    args = dict(req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([1, 2]),
+                accept_lens=torch.tensor([1, 1]))
     args.update(kwargs)
-    cleanup = C128DraftCleanup([_state()], ring_size=4)
+    states = [_state(rows=13) for _ in range(2)]
+    before = [s.clone() for s in states]
+    cleanup = C128DraftCleanup(states, ring_size=4)
     with pytest.raises(error, match=match):
         cleanup.clear(**args, num_draft_tokens=4)
     with pytest.raises(error, match=match):
-        clear_unaccepted_c128_draft_states(_state(), **args, ring_size=4, num_draft_tokens=4)
+        clear_unaccepted_c128_draft_states(states[0], **args, ring_size=4, num_draft_tokens=4)
+    for s, b in zip(states, before):
+        assert_bit_identical(s, b, "refused call wrote")
+
+
+def test_num_draft_one_changes_nothing_even_with_out_of_range_accept_lens():
+    states = random_states(2, 4 * 8 + 9, 5, torch.float32)
+    before = [s.clone() for s in states]
+    idx, seq, acc = torch.tensor([0, 3]), torch.tensor([5, 9]), torch.tensor([0, 7])
+    cleanup = C128DraftCleanup(states, ring_size=8)
+    for check in (False, True):
+        cleanup.clear(idx, seq, acc, num_draft_tokens=1, check=check)
+        clear_unaccepted_c128_draft_states(states[0], idx, seq, acc, ring_size=8,
+                                           num_draft_tokens=1, check=check)
+    for s, b in zip(states, before):
+        assert_bit_identical(s, b, "num_draft_tokens=1")
 
 
 def test_num_draft_above_max_rejected():
@@ -373,6 +397,54 @@ def test_gpu_one_kernel_per_clear():
     n_loop = count_kernels(lambda: [clear_unaccepted_c128_draft_states(
         s, idx, seq, acc, ring_size=PRO["ring"], num_draft_tokens=4) for s in states])
     assert n_loop == PRO["num_states"]
+
+
+@pytest.mark.gpu
+def test_gpu_num_draft_one_launches_nothing():
+    from dsv4spec.bench.common import count_kernels
+
+    rows = 4 * PRO["ring"] + PRO["ring"] + 1
+    states = random_states(PRO["num_states"], rows, PRO["half"], torch.float32, "cuda")
+    before = [s.clone() for s in states]
+    cleanup = C128DraftCleanup(states, ring_size=PRO["ring"])
+    idx, seq = torch.tensor([0, 2], device="cuda"), torch.tensor([7, 300], device="cuda")
+    acc = torch.tensor([0, 9], device="cuda")  # out of range: must not matter
+    assert count_kernels(lambda: cleanup.clear(idx, seq, acc, num_draft_tokens=1)) == 0
+    assert count_kernels(lambda: clear_unaccepted_c128_draft_states(
+        states[0], idx, seq, acc, ring_size=PRO["ring"], num_draft_tokens=1)) == 0
+    for i, (s, b) in enumerate(zip(states, before)):
+        assert_bit_identical(s, b, f"state {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_cached_launch_after_refresh_and_shape_changes():
+    """The cached compiled kernel is used (direct launches), and stays right after refresh()
+    onto new buffers, a batch-size change and a num_draft_tokens change."""
+    from dsv4spec.kernels.c128_cleanup import _FUSED
+
+    num_slots = 10
+    rows = num_slots * PRO["ring"] + PRO["ring"] + 1
+    states = random_states(PRO["num_states"], rows, PRO["half"], torch.float32, "cuda", seed=3)
+    cleanup = C128DraftCleanup(states, ring_size=PRO["ring"])
+    for step, (batch, num_draft) in enumerate([(2, 4), (2, 4), (5, 4), (5, 6), (2, 4)]):
+        if step == 3:  # new buffers: the old ones must stay untouched from here on
+            old = states
+            old_before = [s.clone() for s in old]
+            states = random_states(PRO["num_states"], rows, PRO["half"], torch.float32, "cuda",
+                                   seed=4)
+            assert not cleanup.is_stale()
+            cleanup.refresh(states)
+        idx, seq, acc = random_batch(batch, num_slots, PRO["ring"], num_draft, torch.int32,
+                                     "cuda", seed=step)
+        expected = reference_of(states, idx, seq, acc, PRO["ring"], num_draft)
+        direct = _FUSED.direct_launches
+        cleanup.clear(idx, seq, acc, num_draft_tokens=num_draft)
+        if step in (1, 4):  # a geometry seen before: the cached kernel is launched directly
+            assert _FUSED.direct_launches == direct + 1
+        for i, (s, e) in enumerate(zip(states, expected)):
+            assert_bit_identical(s, e, f"step {step} state {i}")
+    for i, (s, b) in enumerate(zip(old, old_before)):
+        assert_bit_identical(s, b, f"old state {i} after refresh")
 
 
 @pytest.mark.gpu

@@ -11,6 +11,13 @@ from dsv4spec.ops.hc_head import (
 )
 
 EPS = {"norm_eps": 1e-6, "hc_eps": 1e-6}
+# At DSV4's 1e-6 dropping either epsilon stays inside the tolerance; these make each term visible
+# (mean(x^2) ~ 1, so norm_eps 0.25 moves r by ~10%; hc_eps 1.0 moves each weight by 1).
+EPS_SETS = [
+    pytest.param(EPS, id="eps=1e-6 (DSV4)"),
+    pytest.param({"norm_eps": 0.25, "hc_eps": 1.0}, id="norm_eps=0.25 hc_eps=1"),
+    pytest.param({"norm_eps": 1.0, "hc_eps": 0.25}, id="norm_eps=1 hc_eps=0.25"),
+]
 
 # Small grids for the interpreter; every H is checked against masked tails of the 64/128-wide
 # chunks and the H-blocks.
@@ -96,23 +103,66 @@ def test_reference_matches_float64(T, H, dtype):
     assert_close(hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), out64, dtype)
 
 
+@pytest.mark.parametrize("eps", EPS_SETS)
+def test_reference_matches_float64_at_large_eps(eps):
+    x, fn, sc, base, nw = make_inputs(3, 40, torch.float32)
+    assert_close(hc_head_reference(x, fn, sc, base, **eps), hc_head_float64(x, fn, sc, base, **eps),
+                 torch.float32)
+    y = hc_head_reference(x, fn, sc, base, **eps)
+    assert_close(hc_head_rmsnorm_reference(x, fn, sc, base, nw, **eps),
+                 rmsnorm_float64(y, nw, eps["norm_eps"]), torch.float32)
+
+
+@pytest.mark.parametrize("eps", EPS_SETS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T,H", SHAPES)
-def test_triton_matches_reference(T, H, dtype):
+def test_triton_matches_reference(T, H, dtype, eps):
     x, fn, sc, base, _ = make_inputs(T, H, dtype)
-    y = hc_head(x, fn, sc, base, **EPS, impl="triton")
+    y = hc_head(x, fn, sc, base, **eps, impl="triton")
     assert y.dtype == dtype
-    assert_close(y, hc_head_reference(x, fn, sc, base, **EPS), dtype)
+    assert_close(y, hc_head_reference(x, fn, sc, base, **eps), dtype)
 
 
+@pytest.mark.parametrize("eps", EPS_SETS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T,H", SHAPES)
-def test_triton_rmsnorm_matches_reference(T, H, dtype):
+def test_triton_rmsnorm_matches_reference(T, H, dtype, eps):
     x, fn, sc, base, nw = make_inputs(T, H, dtype)
-    out = hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
+    out = hc_head_rmsnorm(x, fn, sc, base, nw, **eps, impl="triton")
     # Half types: y may round one ulp apart (see FP32_RTOL), which the norm carries into the
     # output before its own rounding: 2 ulps.
-    assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), dtype, ulps=2)
+    assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **eps), dtype, ulps=2)
+
+
+def test_eager_call_skips_the_library_op_but_tracing_uses_it(monkeypatch):
+    """A plain eager call launches the kernels directly; under a dispatch mode (as in tracing)
+    the call goes through the registered op. Both give the same result."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    # (dsv4spec.ops re-exports the function hc_head, which shadows the module attribute)
+    ops_hc_head = importlib.import_module("dsv4spec.ops.hc_head")
+    calls = []
+    real = ops_hc_head.hc_head_triton
+    monkeypatch.setattr(ops_hc_head, "hc_head_triton",
+                        lambda *a, **k: calls.append("direct") or real(*a, **k))
+    x, fn, sc, base, _ = make_inputs(3, 40, torch.bfloat16)
+    y = hc_head(x, fn, sc, base, **EPS, impl="triton")
+    assert calls == ["direct"]
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        y_op = hc_head(x, fn, sc, base, **EPS, impl="triton")
+    # the mode sees the op, whose body then launches the kernels
+    assert calls[1:] == ["dsv4spec.hc_head.default", "direct"], calls
+    assert torch.equal(y, y_op)
+    x.requires_grad_(True)
+    assert not ops_hc_head._direct_call_ok(x)
 
 
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
@@ -298,4 +348,39 @@ def test_gpu_kernels_per_call(T):
     n_triton = count_kernels(lambda: hc_head(x, fn, sc, base, **EPS, impl="triton"))
     n_fused_norm = count_kernels(lambda: hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"))
     assert n_triton <= 2 and n_fused_norm <= 2, (n_triton, n_fused_norm)
+    assert count_kernels(lambda: torch.ops.dsv4spec.hc_head(x, fn, sc, base, 1e-6, 1e-6)) <= 2
     assert n_compiled < eager, (n_compiled, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
+    """The cached compiled kernels (direct launches) give bit-identical output to Triton's own
+    dispatch, across T, widths, an unaligned x view and large epsilons."""
+    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS
+    from dsv4spec.kernels.launch import LaunchCache
+
+    for H in (4096, 7168):
+        for T in (1, 4, 64, 1024):
+            for eps in ({"norm_eps": 1e-6, "hc_eps": 1e-6}, {"norm_eps": 0.25, "hc_eps": 1.0}):
+                x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=T)
+                if T == 4:  # a view 2 bytes past an aligned address
+                    x = torch.cat([x.flatten(), x.new_zeros(1)])[1:].view(T, 4, H)
+                nw = nw if rmsnorm else None
+
+                def call():
+                    if nw is None:
+                        return hc_head(x, fn, sc, base, **eps, impl="triton")
+                    return hc_head_rmsnorm(x, fn, sc, base, nw, **eps, impl="triton")
+
+                LaunchCache.enabled = False
+                try:
+                    expected = call()
+                finally:
+                    LaunchCache.enabled = True
+                call()  # fills the cache
+                direct = _PARTIALS.direct_launches + _FINALIZE.direct_launches
+                out = call()
+                assert _PARTIALS.direct_launches + _FINALIZE.direct_launches == direct + 2
+                torch.cuda.synchronize()
+                assert torch.equal(out, expected), (H, T, eps)

@@ -13,10 +13,12 @@ from dsv4spec.bench.common import (
     launch_floor,
     print_table,
     pyplot,
+    sglang_peer,
     time_eager,
     time_in_graph,
     write_results,
 )
+from dsv4spec.kernels.launch import LaunchCache
 from dsv4spec.ops import (
     C128DraftCleanup,
     clear_unaccepted_c128_draft_states,
@@ -32,18 +34,23 @@ SWEEP_STATES = [1, 2, 4, 8, 16, 31, 48, 64]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COLUMNS = ["dtype", "states", "batch", "draft", "accept", "loop_eager_us", "fused_eager_us",
            "speedup_eager", "loop_graph_us", "fused_graph_us", "speedup_graph",
+           "fused_dispatch_eager_us", "fused_replay_eager_us", "sglang_loop_eager_us",
+           "sglang_loop_graph_us", "vs_sglang_eager", "vs_sglang_graph",
            "fused_over_floor", "written_MB", "fused_TBps", "pct_copy_bw"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), nargs="+", default=list(DTYPES))
+    parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[],
+                        help="also time SGLang's per-layer kernel (loaded from its installed "
+                             "source or DSV4SPEC_SGLANG_ROOT)")
 
 
 class Case:
     """Random states and one batch of indices at one geometry, plus both implementations."""
 
     def __init__(self, num_states: int, batch: int, num_draft: int, dtype: torch.dtype,
-                 accept: str, seed: int = 0) -> None:
+                 accept: str, seed: int = 0, sglang_clear=None) -> None:
         g = torch.Generator(device="cuda").manual_seed(seed)
         num_slots = max(batch, 8) + 1
         rows = num_slots * RING + RING + 1
@@ -56,12 +63,26 @@ class Case:
         else:
             self.acc = torch.randint(1, num_draft + 1, (batch,), device="cuda", generator=g).int()
         self.num_draft = num_draft
+        self.sglang_clear = sglang_clear
         self.fused = C128DraftCleanup(self.states, ring_size=RING, max_num_draft_tokens=num_draft)
         rejected_rows = int((num_draft - self.acc).sum())
         self.bytes_written = num_states * rejected_rows * 2 * HALF * self.states[0].element_size()
 
     def run_fused(self) -> None:
         self.fused.clear(self.idx, self.seq, self.acc, num_draft_tokens=self.num_draft)
+
+    def run_fused_dispatch(self) -> None:
+        """The fused clear launched through Triton's dispatcher (no cached compiled kernel)."""
+        LaunchCache.enabled = False
+        try:
+            self.run_fused()
+        finally:
+            LaunchCache.enabled = True
+
+    def run_sglang_loop(self) -> None:
+        for state in self.states:
+            self.sglang_clear(state, self.idx, self.seq, self.acc, ring_size=RING,
+                              num_draft_tokens=self.num_draft)
 
     def run_loop(self) -> None:
         for state in self.states:
@@ -76,7 +97,10 @@ class Case:
         for e in expected:
             clear_unaccepted_c128_draft_states_reference(
                 e, self.idx, self.seq, self.acc, ring_size=RING, num_draft_tokens=self.num_draft)
-        for run in (self.run_fused, self.run_loop):
+        runs = [self.run_fused, self.run_fused_dispatch, self.run_loop]
+        if self.sglang_clear is not None:
+            runs.append(self.run_sglang_loop)
+        for run in runs:
             for i, o in zip(picks, originals):
                 self.states[i].copy_(o)
             run()
@@ -85,15 +109,38 @@ class Case:
                     raise AssertionError(f"{run.__name__} disagrees with the reference")
 
 
+def replay_of(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` captured once in a CUDA graph (after a warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def measure(case: Case, quick: bool) -> dict[str, float]:
-    calls = 50 if quick else 200
+    repeats = 5 if quick else 15
     out = {}
-    for name, fn in (("loop", case.run_loop), ("fused", case.run_fused)):
-        out[f"{name}_eager_us"] = time_eager(fn, calls=calls)["median_us"]
+    runs = [("loop", case.run_loop), ("fused", case.run_fused)]
+    if case.sglang_clear is not None:
+        runs.append(("sglang_loop", case.run_sglang_loop))
+    for name, fn in runs:
+        out[f"{name}_eager_us"] = time_eager(fn, repeats=repeats)["median_us"]
         graph = time_in_graph(fn)
         out[f"{name}_graph_us"] = graph["median_us"]
         out[f"{name}_graph_p20_us"] = graph["p20_us"]
         out[f"{name}_graph_p80_us"] = graph["p80_us"]
+    out["fused_dispatch_eager_us"] = time_eager(case.run_fused_dispatch,
+                                                repeats=repeats)["median_us"]
+    graph = replay_of(case.run_fused)
+    out["fused_replay_eager_us"] = time_eager(graph.replay, repeats=repeats)["median_us"]
+    if case.sglang_clear is not None:
+        out["vs_sglang_eager"] = out["sglang_loop_eager_us"] / out["fused_eager_us"]
+        out["vs_sglang_graph"] = out["sglang_loop_graph_us"] / out["fused_graph_us"]
     return out
 
 
@@ -133,11 +180,16 @@ def main(args: argparse.Namespace) -> int:
     print(f"empty kernel: eager {floor['empty_kernel_eager_us']:.2f} µs, "
           f"graph {floor['empty_kernel_graph_us']:.2f} µs; copy {bandwidth / 1e12:.2f} TB/s")
 
+    sglang_clear = None
+    if "sglang" in args.peer:
+        peer = sglang_peer("kernels/ops/kvcache/dsv4_c128_cleanup.py")
+        sglang_clear = peer and peer.clear_unaccepted_c128_draft_states
     rows = []
     for dtype_name in args.dtype:
         for num_states, batch, num_draft in (QUICK_SHAPES if args.quick else SHAPES):
             for accept in ("worst", "random"):
-                case = Case(num_states, batch, num_draft, DTYPES[dtype_name], accept)
+                case = Case(num_states, batch, num_draft, DTYPES[dtype_name], accept,
+                            sglang_clear=sglang_clear)
                 case.refcheck()
                 t = measure(case, args.quick)
                 row = dict(dtype=dtype_name, states=num_states, batch=batch, draft=num_draft,
@@ -155,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
 
     sweep = []
     for num_states in ([1, 31, 64] if args.quick else SWEEP_STATES):
-        case = Case(num_states, 1, 4, torch.float32, "worst")
+        case = Case(num_states, 1, 4, torch.float32, "worst", sglang_clear=sglang_clear)
         sweep.append(dict(states=num_states, **measure(case, args.quick)))
         del case
 
@@ -164,13 +216,17 @@ def main(args: argparse.Namespace) -> int:
     notes = (f"Empty Triton kernel: eager {floor['empty_kernel_eager_us']:.2f} µs, in graph "
              f"{floor['empty_kernel_graph_us']:.2f} µs. Copy bandwidth (read+write) "
              f"{bandwidth / 1e12:.2f} TB/s. Ring {RING}, half width {HALF}. accept=worst: every "
-             "draft rejected (accept 1); random: accept uniform in [1, draft]. Eager = per-call "
-             "time of back-to-back calls between CUDA events; graph = do_bench_cudagraph median.")
+             "draft rejected (accept 1); random: accept uniform in [1, draft]. Eager = host wall "
+             "time per call of back-to-back calls, one synchronize at the end; graph = "
+             "do_bench_cudagraph median. fused_dispatch: the fused clear launched through "
+             "Triton's dispatcher instead of the cached compiled kernel; fused_replay: a CUDA "
+             "graph holding one fused clear, replayed eagerly. sglang_loop: SGLang 0.5.23's "
+             "per-layer kernel (its own file, loaded by path) once per state.")
     out = Path(args.out)
     write_results(out, "cleanup", payload, rows, COLUMNS, notes)
     plot(sweep, floor, out / "cleanup.png")
     print()
     print_table(rows, COLUMNS)
     print_table(sweep, ["states", "loop_eager_us", "fused_eager_us", "loop_graph_us",
-                        "fused_graph_us"])
+                        "fused_graph_us", "sglang_loop_eager_us", "sglang_loop_graph_us"])
     return 0

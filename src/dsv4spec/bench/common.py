@@ -3,8 +3,9 @@
 Method (see README "Benchmarks"): medians with p20/p80; warm-up before timing; in-graph numbers
 come from ``triton.testing.do_bench_cudagraph`` (many calls unrolled in one CUDA graph, so the
 number is the device time per call with graph launch gaps); eager numbers come from a loop of
-back-to-back calls between two CUDA events, so they include the host dispatch cost that bounds a
-launch-bound op (the same quantity the upstream "eager" rows measure).
+back-to-back calls timed by the host clock with one synchronize at the end, so they include the
+host dispatch cost that bounds a launch-bound op (the same quantity the upstream "eager" rows
+measure).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import platform
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -39,27 +41,33 @@ def time_in_graph(fn: Callable[[], object], rep_ms: int = 30) -> dict[str, float
     return _timing(samples)
 
 
-def time_eager(fn: Callable[[], object], calls: int = 200, repeats: int = 25) -> dict[str, float]:
-    """Per-call time of ``calls`` back-to-back eager calls between two events (µs).
+def time_eager(fn: Callable[[], object], calls: int | None = None,
+               repeats: int = 15) -> dict[str, float]:
+    """Host wall time per call of ``calls`` back-to-back eager calls, one sync at the end (µs).
 
-    No synchronisation inside the loop: the number is max(host dispatch, device time) per call,
-    which is what an eager launch-bound step pays.
+    What an eager caller pays: host dispatch included, device work overlapped with the next
+    call's dispatch. Median, p20 and p80 over ``repeats`` loops; ``calls=None`` sizes each loop
+    to about 20 ms.
     """
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
+    if calls is None:
+        start = time.perf_counter()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - start) / 20
+        calls = max(20, min(2000, int(0.02 / max(per_call, 1e-7))))
     samples = []
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection inside the loop would land in one sample (as timeit does)
+    gc.disable()
     for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = time.perf_counter()
         for _ in range(calls):
             fn()
-        end.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
+        samples.append((time.perf_counter() - start) * 1e3 / calls)
     if gc_was_enabled:
         gc.enable()
     return _timing(samples)
@@ -174,3 +182,16 @@ def pyplot():
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:
     print(markdown_table(rows, columns), flush=True)
+
+
+def sglang_peer(relpath: str):
+    """SGLang's own kernel file ``sglang/<relpath>``, loaded by path (never imported as a
+    package), or None with a message when SGLang's source is not found."""
+    from dsv4spec.integrations.sglang.source import load_sglang_module
+
+    try:
+        return load_sglang_module(relpath)
+    except (FileNotFoundError, ImportError) as err:
+        print(f"--peer sglang: skipped, SGLang 0.5.23's source not found ({err}); install the "
+              "wheel (pip install --no-deps sglang==0.5.23) or set DSV4SPEC_SGLANG_ROOT")
+        return None

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4spec.kernels.launch import LaunchCache, alignment_key
+
 # Launch grids fold (state, column block) into axis 1, whose CUDA limit is 65535.
 GRID_AXIS_LIMIT = 65535
 
@@ -94,6 +96,10 @@ def cleanup_num_warps(batch: int) -> int:
     return 4 if batch < 8 else 1
 
 
+_FUSED = LaunchCache(_c128_cleanup_fused_kernel)
+_PER_STATE = LaunchCache(_c128_cleanup_kernel)
+
+
 def c128_cleanup_fused_triton(
     table: torch.Tensor, dtype: torch.dtype, num_states: int, num_rows: int, half: int,
     ring_size: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
@@ -102,10 +108,16 @@ def c128_cleanup_fused_triton(
     """One launch over every state whose base address is in ``table`` (int64, on the device)."""
     batch = req_pool_indices.shape[0]
     draft_block, half_block, n_col = cleanup_launch_config(half, num_draft_tokens)
-    _c128_cleanup_fused_kernel[(batch, num_states * n_col)](
-        table, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens,
-        DTYPE=_TRITON_DTYPES[dtype], HALF=half, RING=ring_size, N_COL_BLOCKS=n_col,
-        DRAFT_BLOCK=draft_block, HALF_BLOCK=half_block, num_warps=cleanup_num_warps(batch),
+    num_warps = cleanup_num_warps(batch)
+    key = (dtype, num_states, num_rows, half, ring_size, num_draft_tokens, num_warps,
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, table.get_device(),
+           alignment_key(table, req_pool_indices, seq_lens, accept_lens))
+    _FUSED.launch(
+        key, (batch, num_states * n_col, 1),
+        (table, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens),
+        {"DTYPE": _TRITON_DTYPES[dtype], "HALF": half, "RING": ring_size, "N_COL_BLOCKS": n_col,
+         "DRAFT_BLOCK": draft_block, "HALF_BLOCK": half_block},
+        num_warps,
     )
 
 
@@ -114,10 +126,16 @@ def c128_cleanup_triton(
     accept_lens: torch.Tensor, num_draft_tokens: int,
 ) -> None:
     """One launch for one state ``[rows, 2*half]`` (the per-layer baseline)."""
-    half, batch = state.shape[1] // 2, req_pool_indices.shape[0]
+    num_rows, width = state.shape
+    half, batch = width // 2, req_pool_indices.shape[0]
     draft_block, half_block, n_col = cleanup_launch_config(half, num_draft_tokens)
-    _c128_cleanup_kernel[(batch, n_col)](
-        state, req_pool_indices, seq_lens, accept_lens, state.shape[0], num_draft_tokens,
-        HALF=half, RING=ring_size, DRAFT_BLOCK=draft_block, HALF_BLOCK=half_block,
-        num_warps=cleanup_num_warps(batch),
+    num_warps = cleanup_num_warps(batch)
+    key = (state.dtype, num_rows, half, ring_size, num_draft_tokens, num_warps,
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, state.get_device(),
+           alignment_key(state, req_pool_indices, seq_lens, accept_lens))
+    _PER_STATE.launch(
+        key, (batch, n_col, 1),
+        (state, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens),
+        {"HALF": half, "RING": ring_size, "DRAFT_BLOCK": draft_block, "HALF_BLOCK": half_block},
+        num_warps,
     )

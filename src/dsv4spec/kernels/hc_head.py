@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4spec.kernels.launch import LaunchCache, alignment_key
+
 HC = 4
 
 
@@ -182,10 +184,10 @@ def _hc_head_finalize_kernel(
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: mirror an H200's grid
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _num_sms(device_index: int) -> int:
+    if device_index < 0:
+        return 132  # the interpreter (CPU tensors): mirror an H200's grid
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 class _Config(NamedTuple):
@@ -221,15 +223,21 @@ def _num_warps(T: int) -> tuple[int, int]:
     return (4 if T <= 4 else 2), 1
 
 
+_PARTIALS = LaunchCache(_hc_head_partials_kernel)
+_FINALIZE = LaunchCache(_hc_head_finalize_kernel)
+
+
 def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4) -> None:
     T, _, H = x.shape
-    grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits,)
-    _hc_head_partials_kernel[grid](
-        x, hc_fn, ws,
-        T, H, cfg.num_splits,
-        x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1),
-        GRAM=rmsnorm, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
-        BLOCK_K=cfg.block_k, num_warps=num_warps,
+    grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
+    key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(), alignment_key(x, hc_fn, ws))
+    _PARTIALS.launch(
+        key, grid,
+        (x, hc_fn, ws, T, H, cfg.num_splits,
+         x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1)),
+        {"GRAM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
+         "BLOCK_K": cfg.block_k},
+        num_warps,
     )
 
 
@@ -237,14 +245,25 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
                      num_warps: int = 4) -> None:
     T, _, H = x.shape
     rmsnorm = norm_weight is not None
+    weight = norm_weight if rmsnorm else hc_base  # an unused but valid pointer
     num_hblocks = triton.cdiv(H, cfg.block_h)
-    _hc_head_finalize_kernel[(T * num_hblocks,)](
-        x, ws, hc_scale, hc_base, norm_weight if rmsnorm else hc_base, out,
-        T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
-        x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0),
-        RMSNORM=rmsnorm, BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=cfg.block_h,
-        num_warps=num_warps,
+    key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
+           alignment_key(x, ws, hc_scale, hc_base, weight, out))
+    _FINALIZE.launch(
+        key, (T * num_hblocks, 1, 1),
+        (x, ws, hc_scale, hc_base, weight, out,
+         T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
+         x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0)),
+        {"RMSNORM": rmsnorm, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
+         "BLOCK_H": cfg.block_h},
+        num_warps,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h):
+    cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h)
+    return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), _num_warps(T)
 
 
 def hc_head_triton(
@@ -265,16 +284,19 @@ def hc_head_triton(
 
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits`` and ``block_h`` override the tiling.
+    Eager calls after the first of a shape launch the cached compiled kernels directly
+    (:class:`~dsv4spec.kernels.launch.LaunchCache`).
     """
     T, hc, H = x.shape
     assert hc == HC and T > 0 and x.is_contiguous() and hc_fn.is_contiguous()
-    cfg = _hc_head_config(T, H, _num_sms(x.device), block_k, num_splits, block_h)
     rmsnorm = norm_weight is not None
-    ws = torch.empty((T, 14 if rmsnorm else 8, cfg.num_splits), device=x.device,
-                     dtype=torch.float32)
+    cfg, ws_shape, (warps_partials, warps_finalize) = _plan(
+        T, H, x.get_device(), rmsnorm, block_k, num_splits, block_h)
+    device = x.device
+    ws = torch.empty(ws_shape, device=device, dtype=torch.float32)
     if out is None:
-        out = torch.empty((T, H), device=x.device, dtype=x.dtype)
-    warps_partials, warps_finalize = _num_warps(T)
+        out = torch.empty((T, H), device=device, dtype=x.dtype)
+    assert out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()
     _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps_partials)
     _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg,
                      warps_finalize)

@@ -96,6 +96,22 @@ def _check_index_tensors(
             raise ValueError(f"{name} has {t.shape[0]} entries, req_pool_indices has {batch}")
 
 
+def _index_ok(t, device) -> bool:
+    return (type(t) is torch.Tensor and (t.dtype is torch.int32 or t.dtype is torch.int64)
+            and t.dim() == 1 and t.device == device and t.is_contiguous())
+
+
+def _index_tensors_look_valid(
+    device: torch.device, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    accept_lens: torch.Tensor,
+) -> bool:
+    """The common valid call in one pass (an eager clear is launch-bound: its checks count);
+    False sends the call to :func:`_check_index_tensors`, which names what is wrong."""
+    return (_index_ok(req_pool_indices, device) and _index_ok(seq_lens, device)
+            and _index_ok(accept_lens, device)
+            and req_pool_indices.shape[0] == seq_lens.shape[0] == accept_lens.shape[0])
+
+
 def _check_index_values(
     num_rows: int, ring_size: int, num_draft_tokens: int, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, accept_lens: torch.Tensor,
@@ -243,7 +259,8 @@ class C128DraftCleanup:
         and the index values address rows inside the states, raising ``ValueError`` otherwise;
         without it, out-of-range rows are skipped in the kernel.
         """
-        _check_index_tensors(self.device, req_pool_indices, seq_lens, accept_lens)
+        if not _index_tensors_look_valid(self.device, req_pool_indices, seq_lens, accept_lens):
+            _check_index_tensors(self.device, req_pool_indices, seq_lens, accept_lens)
         if num_draft_tokens > self.max_num_draft_tokens:
             raise ValueError(f"num_draft_tokens={num_draft_tokens} exceeds "
                              f"max_num_draft_tokens={self.max_num_draft_tokens}")

@@ -117,19 +117,66 @@ def _resolve(impl, x):
     return impl
 
 
+def _param_ok(t, shape, device) -> bool:
+    return (type(t) is torch.Tensor and t.dtype is torch.float32 and t.shape == shape
+            and t.device == device and t.is_contiguous())
+
+
+def _inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl) -> bool:
+    """The common valid call, checked in one pass; False sends it to the full check.
+
+    An eager call is launch-bound, so the checks' host time counts: this is about half of
+    :func:`_check_hc_head_inputs`, which runs only when this returns False (and then raises,
+    or accepts what this fast path does not cover, such as tensor subclasses).
+    """
+    if type(x) is not torch.Tensor or x.dim() != 3:
+        return False
+    _, hc, H = x.shape
+    device = x.device
+    return (
+        x.dtype in _DTYPES and hc > 0 and H > 0 and x.is_contiguous()
+        and _param_ok(hc_fn, (hc, hc * H), device) and _param_ok(hc_scale, (1,), device)
+        and _param_ok(hc_base, (hc,), device)
+        and (norm_weight is None or _param_ok(norm_weight, (H,), device))
+        and type(norm_eps) is float and norm_eps >= 0 and type(hc_eps) is float and hc_eps >= 0
+        and (impl == "auto" or impl == "eager" or impl == "compiled"
+             or (impl == "triton" and hc == HC and triton_runs_on(device)))
+    )
+
+
+def _direct_call_ok(x) -> bool:
+    """Whether an eager call may skip the ``torch.library`` op and launch the kernels itself.
+
+    The custom op exists for tracing (``torch.compile``, fake tensors, dispatch modes, functorch);
+    on a plain eager tensor it only adds host time (about 50 µs per call on the H200's host).
+    """
+    return (
+        type(x) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+        and not (x.requires_grad and torch.is_grad_enabled())
+    )
+
+
 def _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
-    _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)
+    if not _inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+        _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)
     impl = _resolve(impl, x)
-    kw = {"norm_eps": norm_eps, "hc_eps": hc_eps}
     if impl == "triton":
-        x3 = x.reshape(-1, *x.shape[-2:])
-        if norm_weight is None:
+        x3 = x if x.dim() == 3 else x.reshape(-1, *x.shape[-2:])
+        if _direct_call_ok(x3):
+            y = hc_head_triton(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps),
+                               norm_weight=norm_weight)
+        elif norm_weight is None:
             y = _hc_head_op(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps))
         else:
             y = _hc_head_rmsnorm_op(
                 x3, hc_fn, hc_scale, hc_base, norm_weight, float(norm_eps), float(hc_eps)
             )
-        return y.view(*x.shape[:-2], x.shape[-1])
+        return y if x.dim() == 3 else y.view(*x.shape[:-2], x.shape[-1])
+    kw = {"norm_eps": norm_eps, "hc_eps": hc_eps}
     if norm_weight is None:
         fn = _hc_head_compiled if impl == "compiled" else hc_head_reference
         return fn(x, hc_fn, hc_scale, hc_base, **kw)
