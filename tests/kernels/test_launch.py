@@ -1,8 +1,8 @@
-"""LaunchCache: first launch per key through Triton, later ones straight to the compiled kernel.
+"""LaunchCache: the first launch per key goes through Triton, later ones straight to the C launcher.
 
 The direct path needs CUDA; here a stand-in kernel records what each path receives, so the
-argument layout (runtime arguments as device addresses, then the constexprs, in signature order)
-is checked on CPU. The GPU tests in tests/ops check the real kernels bit for bit.
+argument layout (pointer addresses first, then every bound scalar and constexpr, in signature
+order) is checked on CPU. The GPU tests in tests/ops check the real kernels bit for bit.
 """
 
 import pytest
@@ -12,16 +12,26 @@ import dsv4spec.kernels.launch as launch
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 
 
-class FakeCompiled:
-    def __init__(self, log):
-        self.log, self.function, self.packed_metadata = log, "fn", "meta"
+class FakeLauncher:
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, False
 
-    def run(self, *args):
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, *args):
         self.log.append(("direct", args))
 
 
+class FakeCompiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log):
+        self.run = FakeLauncher(log)
+
+
 class FakeKernel:
-    arg_names = ["x_ptr", "n", "BLOCK"]
+    arg_names = ["x_ptr", "y_ptr", "n", "eps", "BLOCK"]
 
     def __init__(self):
         self.log = []
@@ -40,42 +50,53 @@ def cuda_like(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
 
 
-def test_first_launch_compiles_then_direct_with_addresses(cuda_like):
-    kernel, x = FakeKernel(), torch.arange(8.0)
+def test_first_launch_through_triton_then_direct_with_addresses(cuda_like):
+    kernel, x, y = FakeKernel(), torch.arange(8.0), torch.arange(4.0)
     cache = LaunchCache(kernel)
-    for _ in range(3):
-        cache.launch(("k", 8), (2, 1, 1), (x, 8), {"BLOCK": 4}, num_warps=1)
-    assert kernel.log[0] == ("triton", (2, 1, 1), (x, 8), {"BLOCK": 4, "num_warps": 1})
-    direct = (2, 1, 1, 1234, "fn", "meta", None, None, None, x.data_ptr(), 8, 4)
-    assert kernel.log[1:] == [("direct", direct)] * 2
-    assert cache.direct_launches == 2 and len(cache) == 1
+    assert cache.get("k") is None
+    cache.launch("k", (2, 3, 1), (x, y, 8, 0.5), {"BLOCK": 4}, num_warps=1)
+    assert kernel.log == [("triton", (2, 3, 1), (x, y, 8, 0.5), {"BLOCK": 4, "num_warps": 1})]
+    direct = cache.get("k")
+    direct(111, 222)
+    direct(333, 444)
+    head = (2, 3, 1, 1234, "fn", False, False, None, None, "meta", None, None, None)
+    assert kernel.log[1:] == [("direct", (*head, 111, 222, 8, 0.5, 4)),
+                              ("direct", (*head, 333, 444, 8, 0.5, 4))]
+    assert cache.direct_launches == 2 and len(cache) == 1 and direct.num_pointers == 2
 
 
-def test_new_key_and_disabled_cache_go_through_triton(cuda_like, monkeypatch):
+def test_other_key_and_disabled_cache_have_no_direct_launch(cuda_like, monkeypatch):
     kernel, x = FakeKernel(), torch.arange(8.0)
     cache = LaunchCache(kernel)
-    cache.launch("a", (1, 1, 1), (x, 8), {"BLOCK": 4}, 1)
-    cache.launch("b", (1, 1, 1), (x, 16), {"BLOCK": 4}, 1)
+    cache.launch("a", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, 1)
+    assert cache.get("b") is None
     monkeypatch.setattr(LaunchCache, "enabled", False)
-    cache.launch("a", (1, 1, 1), (x, 8), {"BLOCK": 4}, 1)
-    assert [entry[0] for entry in kernel.log] == ["triton"] * 3
+    assert cache.get("a") is None
 
 
 def test_interpreter_and_launch_hooks_never_cache(monkeypatch):
     kernel, x = FakeKernel(), torch.arange(8.0)
     cache = LaunchCache(kernel)
-    cache.launch("a", (1, 1, 1), (x, 8), {"BLOCK": 4}, 1)  # TRITON_INTERPRET=1 in CI
+    cache.launch("a", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, 1)  # TRITON_INTERPRET=1 in CI
     assert len(cache) == 0
     monkeypatch.setattr(launch, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(launch, "_hooks_installed", lambda: True)
-    cache.launch("a", (1, 1, 1), (x, 8), {"BLOCK": 4}, 1)
+    cache.launch("a", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, 1)
     assert len(cache) == 0 and [e[0] for e in kernel.log] == ["triton"] * 2
+
+
+def test_pointer_after_a_scalar_is_not_cached(cuda_like):
+    kernel, x = FakeKernel(), torch.arange(8.0)
+    cache = LaunchCache(kernel)
+    cache.launch("a", (1, 1, 1), (x, 8, x, 0.5), {"BLOCK": 4}, 1)
+    assert cache.get("a") is None
 
 
 def test_argument_layout_must_match_the_signature(cuda_like):
     cache = LaunchCache(FakeKernel())
     with pytest.raises(AssertionError, match="BLOCK"):
-        cache.launch("a", (1, 1, 1), (torch.zeros(1),), {"BLOCK": 4, "n": 1}, 1)
+        cache.launch("a", (1, 1, 1), (torch.zeros(1), torch.zeros(1), 8),
+                     {"BLOCK": 4, "eps": 0.5}, 1)
 
 
 def test_alignment_key():
@@ -84,7 +105,8 @@ def test_alignment_key():
 
 
 def test_our_kernels_pass_arguments_in_signature_order(monkeypatch):
-    """Every launch of the real kernels (here in the interpreter) matches its signature."""
+    """Every launch of the real kernels (here in the interpreter) matches its signature and puts
+    its pointers first."""
     from dsv4spec.ops import C128DraftCleanup, clear_unaccepted_c128_draft_states, hc_head
 
     seen = []
@@ -92,7 +114,9 @@ def test_our_kernels_pass_arguments_in_signature_order(monkeypatch):
 
     def spy(self, key, grid, args, constexprs, num_warps):
         names = self.kernel.arg_names
-        seen.append(names[:len(args)] + list(constexprs) == names)
+        pointers = [isinstance(a, torch.Tensor) for a in args]
+        seen.append(names[:len(args)] + list(constexprs) == names
+                    and pointers == sorted(pointers, reverse=True))
         return real(self, key, grid, args, constexprs, num_warps)
 
     monkeypatch.setattr(LaunchCache, "launch", spy)

@@ -73,6 +73,23 @@ def time_eager(fn: Callable[[], object], calls: int | None = None,
     return _timing(samples)
 
 
+def time_host(fn: Callable[[], object], calls: int = 64, repeats: int = 25) -> float:
+    """Median host time per call (µs) of bursts of ``calls`` calls, no synchronize inside.
+
+    Bursts are short enough that the launch queue never fills, so the device never throttles the
+    host: this is the dispatch cost alone (compare with :func:`time_eager`).
+    """
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def time_device(fn: Callable[[], object]) -> dict[str, float]:
     """Device time of one call with L2 flushed before each (``triton.testing.do_bench``)."""
     samples = do_bench(fn, warmup=25, rep=100, return_mode="all")

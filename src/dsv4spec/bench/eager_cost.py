@@ -1,7 +1,9 @@
 """Where an eager call's host time goes: hc_head and the fused rollback, piece by piece.
 
 Every number is host wall time per call of back-to-back calls with one synchronize at the end
-(``common.time_eager``), so it is what an eager caller pays. Pieces: a small ``torch.empty``; an
+(``common.time_eager``), so it is what an eager caller pays; ``host_us`` is the host's share alone
+(``common.time_host``: a short burst with no synchronize, median of bursts): where the two agree
+the call is host-bound. Pieces: a small ``torch.empty``; an
 empty Triton kernel through ``kernel[grid](...)`` and through the cached compiled kernel
 (``LaunchCache``); hc_head's input checks; its launcher through Triton's dispatcher and through the
 cache; the ``torch.library`` op around it; the public op; SGLang's ``fused_hc_head`` (with
@@ -27,7 +29,7 @@ from dsv4spec.kernels.hc_head import hc_head_triton
 from dsv4spec.kernels.launch import LaunchCache
 from dsv4spec.ops.hc_head import _check_hc_head_inputs, _inputs_look_valid, hc_head
 
-COLUMNS = ["what", "T", "median_us", "p20_us", "p80_us"]
+COLUMNS = ["what", "T", "median_us", "p20_us", "p80_us", "host_us"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,16 +64,19 @@ def main(args: argparse.Namespace) -> int:
 
     def add(what, fn, T=""):
         t = common.time_eager(fn, repeats=5 if args.quick else 15)
-        rows.append({"what": what, "T": T, **t})
-        print(f"{what:<48} T={T!s:<5} {t['median_us']:8.2f} µs", flush=True)
+        host = common.time_host(fn)
+        rows.append({"what": what, "T": T, **t, "host_us": host})
+        print(f"{what:<52} T={T!s:<5} {t['median_us']:8.2f} µs (host {host:.2f})", flush=True)
 
     small = torch.empty(1, device="cuda")
     add("torch.empty((4, 7168), bf16)",
         lambda: torch.empty((4, 7168), device="cuda", dtype=torch.bfloat16))
     add("empty Triton kernel, kernel[grid](...)", lambda: _empty_kernel[(1,)](small))
     empty_launch = LaunchCache(_empty_kernel)
-    add("empty Triton kernel, LaunchCache",
-        lambda: empty_launch.launch("k", (1, 1, 1), (small,), {}, 4))
+    empty_launch.launch("k", (1, 1, 1), (small,), {}, 4)
+    direct = empty_launch.get("k")
+    if direct is not None:
+        add("empty Triton kernel, LaunchCache direct launch", lambda: direct(small.data_ptr()))
 
     H = args.hidden
     for T in args.tokens:

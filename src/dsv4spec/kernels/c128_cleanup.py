@@ -107,17 +107,23 @@ def c128_cleanup_fused_triton(
 ) -> None:
     """One launch over every state whose base address is in ``table`` (int64, on the device)."""
     batch = req_pool_indices.shape[0]
+    ptrs = (table.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
+            accept_lens.data_ptr())
+    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else alignment_key(
+        table, req_pool_indices, seq_lens, accept_lens)
+    key = (batch, num_draft_tokens, dtype, num_states, num_rows, half, ring_size,
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, table.get_device(), aligned)
+    direct = _FUSED.get(key)
+    if direct is not None:
+        direct(*ptrs)
+        return
     draft_block, half_block, n_col = cleanup_launch_config(half, num_draft_tokens)
-    num_warps = cleanup_num_warps(batch)
-    key = (dtype, num_states, num_rows, half, ring_size, num_draft_tokens, num_warps,
-           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, table.get_device(),
-           alignment_key(table, req_pool_indices, seq_lens, accept_lens))
     _FUSED.launch(
         key, (batch, num_states * n_col, 1),
         (table, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens),
         {"DTYPE": _TRITON_DTYPES[dtype], "HALF": half, "RING": ring_size, "N_COL_BLOCKS": n_col,
          "DRAFT_BLOCK": draft_block, "HALF_BLOCK": half_block},
-        num_warps,
+        cleanup_num_warps(batch),
     )
 
 
@@ -127,15 +133,22 @@ def c128_cleanup_triton(
 ) -> None:
     """One launch for one state ``[rows, 2*half]`` (the per-layer baseline)."""
     num_rows, width = state.shape
-    half, batch = width // 2, req_pool_indices.shape[0]
-    draft_block, half_block, n_col = cleanup_launch_config(half, num_draft_tokens)
-    num_warps = cleanup_num_warps(batch)
-    key = (state.dtype, num_rows, half, ring_size, num_draft_tokens, num_warps,
-           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, state.get_device(),
-           alignment_key(state, req_pool_indices, seq_lens, accept_lens))
+    batch = req_pool_indices.shape[0]
+    ptrs = (state.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
+            accept_lens.data_ptr())
+    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else alignment_key(
+        state, req_pool_indices, seq_lens, accept_lens)
+    key = (batch, num_draft_tokens, state.dtype, num_rows, width, ring_size,
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, state.get_device(), aligned)
+    direct = _PER_STATE.get(key)
+    if direct is not None:
+        direct(*ptrs)
+        return
+    draft_block, half_block, n_col = cleanup_launch_config(width // 2, num_draft_tokens)
     _PER_STATE.launch(
         key, (batch, n_col, 1),
         (state, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens),
-        {"HALF": half, "RING": ring_size, "DRAFT_BLOCK": draft_block, "HALF_BLOCK": half_block},
-        num_warps,
+        {"HALF": width // 2, "RING": ring_size, "DRAFT_BLOCK": draft_block,
+         "HALF_BLOCK": half_block},
+        cleanup_num_warps(batch),
     )

@@ -227,10 +227,13 @@ _PARTIALS = LaunchCache(_hc_head_partials_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 
 
-def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4) -> None:
+def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
+                     key=None) -> None:
     T, _, H = x.shape
     grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
-    key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(), alignment_key(x, hc_fn, ws))
+    if key is None:
+        key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
+               alignment_key(x, hc_fn, ws))
     _PARTIALS.launch(
         key, grid,
         (x, hc_fn, ws, T, H, cfg.num_splits,
@@ -242,13 +245,14 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
 
 
 def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
-                     num_warps: int = 4) -> None:
+                     num_warps: int = 4, key=None) -> None:
     T, _, H = x.shape
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # an unused but valid pointer
     num_hblocks = triton.cdiv(H, cfg.block_h)
-    key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
-           alignment_key(x, ws, hc_scale, hc_base, weight, out))
+    if key is None:
+        key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(), float(norm_eps),
+               float(hc_eps), alignment_key(x, ws, hc_scale, hc_base, weight, out))
     _FINALIZE.launch(
         key, (T * num_hblocks, 1, 1),
         (x, ws, hc_scale, hc_base, weight, out,
@@ -284,20 +288,34 @@ def hc_head_triton(
 
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits`` and ``block_h`` override the tiling.
-    Eager calls after the first of a shape launch the cached compiled kernels directly
-    (:class:`~dsv4spec.kernels.launch.LaunchCache`).
+    After the first call of a shape, eager calls launch the cached compiled kernels directly
+    (:class:`~dsv4spec.kernels.launch.LaunchCache`): two allocations, two launches.
     """
     T, hc, H = x.shape
+    # The cached launches bind the strides: they hold for contiguous tensors only.
     assert hc == HC and T > 0 and x.is_contiguous() and hc_fn.is_contiguous()
     rmsnorm = norm_weight is not None
-    cfg, ws_shape, (warps_partials, warps_finalize) = _plan(
-        T, H, x.get_device(), rmsnorm, block_k, num_splits, block_h)
+    weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
+    device_index = x.get_device()
+    cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h)
     device = x.device
     ws = torch.empty(ws_shape, device=device, dtype=torch.float32)
     if out is None:
         out = torch.empty((T, H), device=device, dtype=x.dtype)
-    assert out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()
-    _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps_partials)
-    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg,
-                     warps_finalize)
+    elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous [{T}, {H}] {x.dtype} tensor")
+    ptrs = (x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr(), hc_scale.data_ptr(),
+            hc_base.data_ptr(), weight.data_ptr(), out.data_ptr())
+    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]
+                         | ptrs[6]) & 15 else alignment_key(x, hc_fn, ws, hc_scale, hc_base,
+                                                            weight, out)
+    key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps, aligned)
+    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
+    if partials is not None and finalize is not None:
+        partials(ptrs[0], ptrs[1], ptrs[2])
+        finalize(ptrs[0], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6])
+        return out
+    _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
+    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
+                     key)
     return out
