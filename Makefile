@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(if $(HAS_CUDA_TORCH),,$(PY) -m pip install -q torch==2.13.0)
 	$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==3.6.0
 	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q --no-deps sglang==0.5.23
 	touch $@
 
 setup: $(VENV)/.installed

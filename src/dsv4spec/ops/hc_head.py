@@ -113,7 +113,8 @@ def _resolve(impl, x):
     if x.numel() == 0:
         return "eager"
     if impl == "auto":
-        return "triton" if x.shape[-2] == HC and triton_runs_on(x.device) else "eager"
+        triton_ok = x.is_cuda or triton_runs_on(x.device)  # is_cuda first: the common case
+        return "triton" if x.shape[-2] == HC and triton_ok else "eager"
     return impl
 
 
