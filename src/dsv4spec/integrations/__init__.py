@@ -1,0 +1,1 @@
+"""Adapters that plug dsv4spec's ops into serving engines (SGLang: ``integrations.sglang``)."""

@@ -1,0 +1,102 @@
+"""AROUND hooks on the draft's and the target's ``hc_head`` (SPEC §3).
+
+The draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
+replaces it everywhere Triton runs. The target's (``DeepseekV4Model.hc_head``) is already SGLang's
+own fused Triton kernel (``fused_hc_head``): ours replaces it only where it measured faster.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dsv4spec.kernels import triton_runs_on
+from dsv4spec.kernels.hc_head import HC
+from dsv4spec.ops import hc_head
+
+logger = logging.getLogger("dsv4spec.integrations.sglang")
+
+# Inclusive token ranges, per hidden size, where dsv4spec's hc_head beat SGLang's fused_hc_head
+# on one H200, both eager wall time and inside a CUDA graph. Source:
+# benchmarks/results/hc_head_peer.md. Provisional until that run lands: SPEC §7's peer points
+# (T = 4, 64, 1024) against benchmarks/results/hc_head.md.
+TARGET_HC_HEAD_FASTER: dict[int, tuple[int, int]] = {
+    4096: (1, 1024),  # DSV4-Flash
+    7168: (1, 1024),  # DSV4-Pro
+}
+
+_warned: set[str] = set()
+
+
+def target_prefers_dsv4spec(num_tokens: int, hidden_size: int) -> bool:
+    """Whether the target's hc_head should run dsv4spec's kernel rather than SGLang's.
+
+    Parameters
+    ----------
+    num_tokens : int
+        ``T``, rows of ``x [T, hc_mult, hidden_size]``.
+    hidden_size : int
+        ``H``.
+
+    Returns
+    -------
+    bool
+        True iff ``hidden_size`` is in :data:`TARGET_HC_HEAD_FASTER` and ``num_tokens`` lies in
+        its range; unknown widths and tokens outside the range keep SGLang's own path.
+    """
+    span = TARGET_HC_HEAD_FASTER.get(hidden_size)
+    return span is not None and span[0] <= num_tokens <= span[1]
+
+
+def _fallback(which: str, error: Exception) -> None:
+    if which not in _warned:
+        _warned.add(which)
+        logger.warning("%s hc_head: dsv4spec's op rejected the inputs (%s); SGLang's own "
+                       "hc_head runs for such inputs", which, error)
+
+
+def draft_hc_head(
+    original: Callable[..., torch.Tensor], self: Any, x: torch.Tensor, hc_fn: torch.Tensor,
+    hc_scale: torch.Tensor, hc_base: torch.Tensor,
+) -> torch.Tensor:
+    """AROUND hook for ``DeepseekV4ModelNextN.hc_head``: dsv4spec's fused hc_head.
+
+    Uses the module's ``rms_norm_eps`` and ``hc_eps``; runs the original where Triton cannot run
+    on ``x``'s device, or when dsv4spec's op rejects the inputs.
+    """
+    if not triton_runs_on(x.device):
+        return original(self, x, hc_fn, hc_scale, hc_base)
+    try:
+        return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
+                       norm_eps=self.rms_norm_eps, hc_eps=self.hc_eps)
+    except (ValueError, TypeError) as e:  # raised by the input checks, before any work
+        _fallback("draft", e)
+        return original(self, x, hc_fn, hc_scale, hc_base)
+
+
+def target_hc_head(
+    original: Callable[..., torch.Tensor], self: Any, x: torch.Tensor, hc_fn: torch.Tensor,
+    hc_scale: torch.Tensor, hc_base: torch.Tensor,
+) -> torch.Tensor:
+    """AROUND hook for ``DeepseekV4Model.hc_head``: dsv4spec's kernel where it measured faster.
+
+    Uses the module's ``norm_eps`` and ``hc_eps``. Runs the original (SGLang's ``fused_hc_head``,
+    or its torch path for empty input) unless ``x`` is ``[T, 4, H]`` on a device Triton runs on
+    and :func:`target_prefers_dsv4spec` says so.
+    """
+    if (x.dim() != 3 or x.shape[1] != HC or not target_prefers_dsv4spec(x.shape[0], x.shape[2])
+            or not triton_runs_on(x.device)):
+        return original(self, x, hc_fn, hc_scale, hc_base)
+    try:
+        return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
+                       norm_eps=self.norm_eps, hc_eps=self.hc_eps, impl="triton")
+    except (ValueError, TypeError) as e:
+        _fallback("target", e)
+        return original(self, x, hc_fn, hc_scale, hc_base)
+
+
+draft_hc_head._dsv4spec_hook = True
+target_hc_head._dsv4spec_hook = True

@@ -1,0 +1,135 @@
+"""AROUND hook on ``DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states``: one launch.
+
+SGLang launches its per-layer cleanup kernel once per C128 state (31 launches per step on
+DSV4-Pro, eagerly after acceptance). The hook keeps the original's contract and early returns and
+replaces the loop with one :class:`~dsv4spec.ops.C128DraftCleanup` launch over the same buffers,
+built lazily and cached on the KV pool object. Wherever the fused path cannot apply, the original
+runs unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from dsv4spec.kernels import triton_runs_on
+from dsv4spec.ops import C128DraftCleanup
+
+logger = logging.getLogger("dsv4spec.integrations.sglang")
+
+CACHE_ATTR = "_dsv4spec_c128_cleanup"
+# Grid sized for up to 16 drafts by default: num_draft_tokens is fixed per server (4 for DSV4).
+MIN_MAX_DRAFT_TOKENS = 16
+
+
+class RollbackPlan:
+    """What the hook does for one KV pool and one set of C128 buffers.
+
+    ``ptrs`` are the base addresses of the C128 states (``pool.kv_score_buffer.kv_score`` of every
+    ratio-128 pool, in order) the plan was made for; ``cleanup`` is the fused helper over them, or
+    ``None`` when the fused path cannot apply (``reason`` says why) and the original runs.
+    """
+
+    __slots__ = ("ptrs", "cleanup", "reason")
+
+    def __init__(self, ptrs: list[int], cleanup: C128DraftCleanup | None, reason: str = ""):
+        self.ptrs = ptrs
+        self.cleanup = cleanup
+        self.reason = reason
+
+
+def _capturing(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # CPU-only torch builds raise instead of answering False
+        return False
+
+
+def _plan(kv_pool: Any, ptrs: list[int], num_draft_tokens: int,
+          old: RollbackPlan | None) -> RollbackPlan | None:
+    """A new plan for the current buffers; ``None`` (nothing cached) while a capture runs."""
+    pools = [p for p in kv_pool.compress_state_pools if p is not None and p.ratio == 128]
+    if not pools:
+        return RollbackPlan(ptrs, None, "no C128 state pools")
+    rings = sorted({p.ring_size for p in pools})
+    if len(rings) > 1:
+        return RollbackPlan(ptrs, None, f"C128 pools mix ring sizes {rings}")
+    states = [p.kv_score_buffer.kv_score for p in pools]
+    device = states[0].device
+    if not triton_runs_on(device):
+        return RollbackPlan(ptrs, None, f"Triton cannot run on {device}")
+    if _capturing(device):  # building uploads a pointer table: not inside a CUDA graph
+        return None
+    max_draft = max(MIN_MAX_DRAFT_TOKENS, num_draft_tokens)
+    try:
+        cleanup = old.cleanup if old is not None else None
+        if (cleanup is not None and cleanup.ring_size == rings[0]
+                and cleanup.max_num_draft_tokens >= max_draft):
+            cleanup.refresh(states)  # the same object, rebuilt over the current buffers
+        else:
+            cleanup = C128DraftCleanup(states, ring_size=rings[0], max_num_draft_tokens=max_draft)
+    except ValueError as e:
+        return RollbackPlan(ptrs, None, str(e))
+    return RollbackPlan(ptrs, cleanup)
+
+
+def make_rollback_hook(pool_module: ModuleType) -> Callable[..., None]:
+    """The AROUND hook for ``clear_unaccepted_c128_draft_states`` of ``pool_module``'s pool.
+
+    Parameters
+    ----------
+    pool_module : module
+        ``sglang.srt.mem_cache.deepseek_v4_memory_pool``: its ``ONLINE_C128`` global is read at
+        call time, as the original reads it.
+
+    Returns
+    -------
+    callable
+        ``hook(original, self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)``.
+    """
+    if not isinstance(getattr(pool_module, "ONLINE_C128", None), bool):
+        raise AttributeError(f"{pool_module.__name__} has no bool ONLINE_C128")
+
+    def clear_unaccepted_c128_draft_states(
+        original: Callable[..., None], self: Any, req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor, accept_lens: torch.Tensor, num_draft_tokens: int,
+    ) -> None:
+        if pool_module.ONLINE_C128 or num_draft_tokens <= 1 or req_pool_indices.numel() == 0:
+            return None
+        # The fingerprint: the base addresses of the current C128 buffers. It changes when a
+        # pool or buffer is replaced (the plan holds the old tensors, so a new one lives
+        # elsewhere) and when a held buffer is reallocated (what is_stale() reports), i.e.
+        # exactly when the helper's pointer table no longer addresses the pool's buffers.
+        ptrs = [p.kv_score_buffer.kv_score.data_ptr()
+                for p in self.compress_state_pools if p is not None and p.ratio == 128]
+        plan = getattr(self, CACHE_ATTR, None)
+        if plan is None or plan.ptrs != ptrs or (
+                plan.cleanup is not None and num_draft_tokens > plan.cleanup.max_num_draft_tokens):
+            plan = _plan(self, ptrs, num_draft_tokens, plan)
+            if plan is None:
+                return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+            setattr(self, CACHE_ATTR, plan)
+            if plan.cleanup is None:
+                logger.info("C128 rollback: the per-layer original runs for %s: %s",
+                            type(self).__name__, plan.reason)
+        if plan.cleanup is None:
+            return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+        try:
+            plan.cleanup.clear(req_pool_indices, seq_lens, accept_lens,
+                               num_draft_tokens=num_draft_tokens)
+        except (ValueError, TypeError) as e:  # raised by the input checks, before any launch
+            if plan.reason != str(e):
+                plan.reason = str(e)
+                logger.warning("C128 rollback: fused path rejected the inputs (%s); the "
+                               "per-layer original runs", e)
+            return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+        return None
+
+    clear_unaccepted_c128_draft_states._dsv4spec_hook = True
+    return clear_unaccepted_c128_draft_states

@@ -1,0 +1,66 @@
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+import pytest
+
+from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
+from dsv4spec.integrations.sglang import plugin, register
+from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
+
+from . import standins
+
+SWITCHES = tuple(hook.switch for hook in plugin.HOOKS)
+ROLLBACK, DRAFT, TARGET = (hook.target for hook in plugin.HOOKS)
+
+
+@dataclass
+class FakeSGLang:
+    """SGLang's hook registry (its own file) and the stand-in modules, at their dotted paths."""
+
+    registry: type
+    hook_type: type
+    pool: ModuleType
+    nextn: ModuleType
+    target: ModuleType
+    originals: dict  # hook target -> SGLang's method with a call counter, taken before hooking
+
+    def install(self) -> list[str]:
+        """What SGLang's ``load_plugins()`` does with the plugin: register, then apply."""
+        installed = register()
+        self.registry.apply_hooks()
+        return installed
+
+
+def _is_sglang(name: str) -> bool:
+    return name == "sglang" or name.startswith("sglang.")
+
+
+@pytest.fixture
+def sgl(monkeypatch):
+    if sglang_root() is None:
+        pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
+    for switch in SWITCHES:
+        monkeypatch.delenv(switch, raising=False)
+    monkeypatch.setattr(plugin, "_announced", False)
+    monkeypatch.setattr(hc_head_hooks, "_warned", set())
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
+    try:
+        standins.install_packages()
+        registry = load_sglang_module(standins.REGISTRY_FILE, name=standins.REGISTRY_MOD)
+        standins.add_module(standins.REGISTRY_MOD, registry)
+        registry.HookRegistry.reset()
+        pool = standins.add_module(standins.POOL_MOD, standins.pool_module())
+        nextn = standins.add_module(standins.NEXTN_MOD, standins.nextn_module())
+        target = standins.add_module(standins.TARGET_MOD, standins.target_module())
+        originals = {
+            ROLLBACK: pool.DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states,
+            DRAFT: nextn.DeepseekV4ModelNextN.hc_head,
+            TARGET: target.DeepseekV4Model.hc_head,
+        }
+        yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals)
+        registry.HookRegistry.reset()
+    finally:
+        for name in [name for name in sys.modules if _is_sglang(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)

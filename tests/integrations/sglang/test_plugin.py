@@ -1,0 +1,163 @@
+"""Registration: SGLang's own hook registry (loaded by path) with stand-in target modules."""
+
+import importlib.metadata
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from dsv4spec.integrations.sglang import plugin, source
+
+from . import standins
+from .conftest import DRAFT, ROLLBACK, TARGET
+
+TARGETS = (ROLLBACK, DRAFT, TARGET)
+LOGGER = "dsv4spec.integrations.sglang"
+OWNERS = {  # hook target -> (module, class, method)
+    ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
+    DRAFT: (standins.NEXTN_MOD, "DeepseekV4ModelNextN", "hc_head"),
+    TARGET: (standins.TARGET_MOD, "DeepseekV4Model", "hc_head"),
+}
+
+
+def current(target):
+    module, cls, method = OWNERS[target]
+    return getattr(getattr(sys.modules[module], cls), method)
+
+
+def registered(sgl):
+    return {target: [hook_type for hook_type, _, _ in hooks]
+            for target, hooks in sgl.registry._hooks.items() if hooks}
+
+
+def test_register_installs_exactly_three_around_hooks(sgl):
+    installed = sgl.install()
+    assert installed == list(TARGETS)
+    assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}
+    for target in TARGETS:
+        hooked = current(target)
+        assert hooked is not sgl.originals[target]
+        assert hooked.__wrapped__ is sgl.originals[target]
+
+
+@pytest.mark.parametrize("switch_off", [hook.switch for hook in plugin.HOOKS])
+def test_each_switch_turns_off_only_its_own_hook(sgl, monkeypatch, switch_off):
+    monkeypatch.setenv(switch_off, "0")
+    off = next(hook.target for hook in plugin.HOOKS if hook.switch == switch_off)
+    installed = sgl.install()
+    assert installed == [t for t in TARGETS if t != off]
+    assert set(registered(sgl)) == set(installed)
+    assert current(off) is sgl.originals[off]
+    for target in installed:
+        assert current(target).__wrapped__ is sgl.originals[target]
+
+
+def test_switch_values(monkeypatch):
+    for value, on in (("1", True), ("0", False), ("off", False), ("FALSE", False), ("", True)):
+        monkeypatch.setenv("DSV4SPEC_SGLANG_ROLLBACK", value)
+        assert plugin.switch_on("DSV4SPEC_SGLANG_ROLLBACK") is on, value
+    monkeypatch.delenv("DSV4SPEC_SGLANG_ROLLBACK")
+    assert plugin.switch_on("DSV4SPEC_SGLANG_ROLLBACK")
+
+
+def _drop_method(sgl):
+    del sgl.nextn.DeepseekV4ModelNextN.hc_head
+    return DRAFT
+
+
+def _drop_module(sgl):
+    del sys.modules[standins.TARGET_MOD]
+    return TARGET
+
+
+def _change_parameters(sgl):
+    def clear_unaccepted_c128_draft_states(self, req_pool_indices, seq_lens, accept_lens,
+                                           num_draft_tokens, extra):
+        raise AssertionError("never called")
+
+    cls = sgl.pool.DeepSeekV4TokenToKVPool
+    cls.clear_unaccepted_c128_draft_states = clear_unaccepted_c128_draft_states
+    return ROLLBACK
+
+
+def _drop_online_c128(sgl):
+    del sgl.pool.ONLINE_C128
+    return ROLLBACK
+
+
+@pytest.mark.parametrize("break_target", [
+    pytest.param(_drop_method, id="class without the method"),
+    pytest.param(_drop_module, id="module absent"),
+    pytest.param(_change_parameters, id="method with other parameters"),
+    pytest.param(_drop_online_c128, id="pool module without ONLINE_C128"),
+])
+def test_missing_target_is_skipped_with_a_log_line(sgl, caplog, break_target):
+    broken = break_target(sgl)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        installed = sgl.install()
+    assert installed == [t for t in TARGETS if t != broken]
+    assert set(registered(sgl)) == set(installed)
+    skips = [r for r in caplog.records if r.name == LOGGER and "hook skipped" in r.getMessage()]
+    assert len(skips) == 1 and broken in skips[0].getMessage()
+    assert skips[0].levelno == logging.WARNING
+
+
+def test_register_twice_registers_nothing_twice_and_logs_once(sgl, caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert sgl.install() == list(TARGETS)
+        assert sgl.install() == list(TARGETS)
+    assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}
+    summary = [m for m in (r.getMessage() for r in caplog.records) if "plugin on SGLang" in m]
+    assert len(summary) == 1
+    assert f"on SGLang {plugin.installed_sglang_version()}" in summary[0]
+    assert all(t in summary[0] for t in TARGETS)
+
+
+def test_unsupported_version_is_logged(sgl, caplog, monkeypatch):
+    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.6.0")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        sgl.install()
+    assert any("0.6.0 is not a supported version" in r.getMessage() for r in caplog.records)
+
+
+def test_sglang_load_plugins_runs_the_entry_point(sgl, monkeypatch):
+    # SGLang's own loader (srt/plugins/__init__.py, by path) discovers the installed entry point.
+    class Env:
+        def __init__(self, value):
+            self.value = value
+
+        def get(self):
+            return self.value
+
+    environ = standins.add_module("sglang.srt.environ", type(sys)("sglang.srt.environ"))
+    environ.envs = type("envs", (), {"SGLANG_PLUGINS": Env("dsv4spec"),
+                                     "SGLANG_PLATFORM": Env("")})
+    loader = source.load_sglang_module("srt/plugins/__init__.py", name="sglang.srt.plugins")
+    loader.load_plugins()
+    assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}
+    assert all(current(t).__wrapped__ is sgl.originals[t] for t in TARGETS)
+
+
+def test_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    ours = [ep for ep in eps if ep.name == "dsv4spec"]
+    assert len(ours) == 1
+    assert ours[0].value == "dsv4spec.integrations.sglang:register"
+    assert ours[0].load() is plugin.register
+
+
+def test_importing_dsv4spec_does_not_import_sglang():
+    code = (
+        "import sys\n"
+        "import dsv4spec, dsv4spec.ops, dsv4spec.integrations.sglang\n"
+        "from dsv4spec.integrations.sglang import hc_head, rollback, source\n"
+        "root, version = source.sglang_root(), source.sglang_version()\n"
+        "leaked = sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.'))\n"
+        "assert not leaked, leaked\n"
+        "print(root is not None, version)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if source.sglang_root() is not None:
+        assert out.stdout.split() == ["True", importlib.metadata.version("sglang")]
