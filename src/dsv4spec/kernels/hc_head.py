@@ -225,6 +225,8 @@ def _num_warps(T: int) -> tuple[int, int]:
 
 _PARTIALS = LaunchCache(_hc_head_partials_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
+# key -> (partials, finalize) direct launches, so an eager call hashes its key once
+_DIRECT: dict = {}
 
 
 def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
@@ -298,24 +300,27 @@ def hc_head_triton(
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h)
-    device = x.device
-    ws = torch.empty(ws_shape, device=device, dtype=torch.float32)
+    ws = x.new_empty(ws_shape, dtype=torch.float32)
     if out is None:
-        out = torch.empty((T, H), device=device, dtype=x.dtype)
+        out = x.new_empty((T, H))
     elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{T}, {H}] {x.dtype} tensor")
-    ptrs = (x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr(), hc_scale.data_ptr(),
-            hc_base.data_ptr(), weight.data_ptr(), out.data_ptr())
-    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]
-                         | ptrs[6]) & 15 else alignment_key(x, hc_fn, ws, hc_scale, hc_base,
-                                                            weight, out)
+    px, pf, pw, ps, pb, pn, po = (x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr(),
+                                  hc_scale.data_ptr(), hc_base.data_ptr(), weight.data_ptr(),
+                                  out.data_ptr())
+    aligned = -1 if not (px | pf | pw | ps | pb | pn | po) & 15 else alignment_key(
+        x, hc_fn, ws, hc_scale, hc_base, weight, out)
+    # One key for both kernels: everything either binds or specialises on.
     key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps, aligned)
-    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
-    if partials is not None and finalize is not None:
-        partials(ptrs[0], ptrs[1], ptrs[2])
-        finalize(ptrs[0], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6])
+    direct = _DIRECT.get(key) if LaunchCache.enabled else None
+    if direct is not None:
+        direct[0](px, pf, pw)
+        direct[1](px, pw, ps, pb, pn, po)
         return out
     _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
     _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
                      key)
+    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
+    if partials is not None and finalize is not None:
+        _DIRECT[key] = (partials, finalize)
     return out

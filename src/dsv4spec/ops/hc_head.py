@@ -118,30 +118,36 @@ def _resolve(impl, x):
     return impl
 
 
-def _param_ok(t, shape, device) -> bool:
+def _param_ok(t, shape, is_cuda, device_index) -> bool:
     return (type(t) is torch.Tensor and t.dtype is torch.float32 and t.shape == shape
-            and t.device == device and t.is_contiguous())
+            and ((t.is_cuda and t.get_device() == device_index) if is_cuda else t.is_cpu)
+            and t.is_contiguous())
 
 
 def _inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl) -> bool:
-    """The common valid call, checked in one pass; False sends it to the full check.
+    """The common valid call (CUDA or CPU tensors), checked in one pass; False sends it to the
+    full check, :func:`_check_hc_head_inputs`, which raises naming the argument (or accepts what
+    this path does not cover, e.g. tensor subclasses).
 
-    An eager call is launch-bound, so the checks' host time counts: this is about half of
-    :func:`_check_hc_head_inputs`, which runs only when this returns False (and then raises,
-    or accepts what this fast path does not cover, such as tensor subclasses).
+    An eager call is launch-bound, so the checks' host time counts: device equality is read
+    from ``is_cuda``/``get_device()`` here instead of building ``torch.device`` objects.
     """
     if type(x) is not torch.Tensor or x.dim() != 3:
         return False
     _, hc, H = x.shape
-    device = x.device
+    is_cuda = x.is_cuda
+    if not (is_cuda or x.is_cpu):
+        return False
+    index = x.get_device()
     return (
         x.dtype in _DTYPES and hc > 0 and H > 0 and x.is_contiguous()
-        and _param_ok(hc_fn, (hc, hc * H), device) and _param_ok(hc_scale, (1,), device)
-        and _param_ok(hc_base, (hc,), device)
-        and (norm_weight is None or _param_ok(norm_weight, (H,), device))
+        and _param_ok(hc_fn, (hc, hc * H), is_cuda, index)
+        and _param_ok(hc_scale, (1,), is_cuda, index)
+        and _param_ok(hc_base, (hc,), is_cuda, index)
+        and (norm_weight is None or _param_ok(norm_weight, (H,), is_cuda, index))
         and type(norm_eps) is float and norm_eps >= 0 and type(hc_eps) is float and hc_eps >= 0
         and (impl == "auto" or impl == "eager" or impl == "compiled"
-             or (impl == "triton" and hc == HC and triton_runs_on(device)))
+             or (impl == "triton" and hc == HC and (is_cuda or interpreter_enabled())))
     )
 
 

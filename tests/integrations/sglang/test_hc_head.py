@@ -114,7 +114,7 @@ def test_draft_hook_runs_the_original_where_triton_cannot_run(sgl, monkeypatch):
 @pytest.mark.parametrize("H", [pytest.param(4096, id="H=4096 DSV4-Flash"),
                                pytest.param(7168, id="H=7168 DSV4-Pro")])
 def test_target_hook_in_the_table_matches_sglang_kernel(sgl, H):
-    assert hooks.target_prefers_dsv4spec(1, H)
+    assert hooks.target_prefers_dsv4spec(1, H, in_graph=False)
     sgl.install()
     model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     inputs = make_inputs(1, H, torch.bfloat16)
@@ -136,7 +136,8 @@ def test_target_hook_in_the_table_matches_sglang_kernel(sgl, H):
 ])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_target_hook_follows_the_table(sgl, monkeypatch, T, H, hc, ours, dtype):
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER, 40, (2, 4))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ((2, 2), (3, 4)))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["graph"], 40, ())  # CPU: never capturing
     sgl.install()
     model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     inputs = make_inputs(T, H, dtype, hc=hc)
@@ -152,13 +153,39 @@ def test_target_hook_follows_the_table(sgl, monkeypatch, T, H, hc, ours, dtype):
 
 
 def test_target_prefers_dsv4spec_exactly_inside_each_range():
-    assert hooks.TARGET_HC_HEAD_FASTER, "empty table: the target hook would never apply"
-    for H, (lo, hi) in hooks.TARGET_HC_HEAD_FASTER.items():
-        assert 1 <= lo <= hi
-        assert hooks.target_prefers_dsv4spec(lo, H) and hooks.target_prefers_dsv4spec(hi, H)
-        assert not hooks.target_prefers_dsv4spec(lo - 1, H)
-        assert not hooks.target_prefers_dsv4spec(hi + 1, H)
-    assert not hooks.target_prefers_dsv4spec(4, 5120)
+    for mode in ("graph", "eager"):
+        table = hooks.TARGET_HC_HEAD_FASTER[mode]
+        assert set(table) == {4096, 7168}, f"{mode}: both DSV4 widths measured"
+        for H, spans in table.items():
+            for lo, hi in spans:
+                assert 1 <= lo <= hi
+                for T, inside in ((lo, True), (hi, True), (lo - 1, False), (hi + 1, False)):
+                    covered = any(a <= T <= b for a, b in spans)
+                    assert hooks.target_prefers_dsv4spec(T, H, mode == "graph") == covered
+                    assert covered or not inside
+        assert not hooks.target_prefers_dsv4spec(4, 5120, mode == "graph")
+    # the two modes are decided separately
+    graph_only = {40: ((1, 8),)}
+    for mode, table in (("graph", graph_only), ("eager", {})):
+        hooks.TARGET_HC_HEAD_FASTER[mode].update(table)
+    try:
+        assert hooks.target_prefers_dsv4spec(3, 40, True)
+        assert not hooks.target_prefers_dsv4spec(3, 40, False)
+    finally:
+        hooks.TARGET_HC_HEAD_FASTER["graph"].pop(40)
+
+
+def test_target_hook_asks_whether_it_is_captured(sgl, monkeypatch):
+    seen = []
+    monkeypatch.setattr(hooks, "_capturing", lambda x: seen.append(x.shape) or True)
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["graph"], 40, ((1, 8),))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ())
+    sgl.install()
+    model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
+    inputs = make_inputs(3, 40, torch.bfloat16)
+    y = model.hc_head(*inputs)
+    assert seen == [(3, 4, 40)] and sgl.originals[TARGET].calls == 0
+    assert_matches(y, hc_head_reference(*inputs, **EPS), "vs reference")
 
 
 @pytest.mark.parametrize("switch, target", [
@@ -167,7 +194,7 @@ def test_target_prefers_dsv4spec_exactly_inside_each_range():
 ])
 def test_switched_off_hook_leaves_sglang_original(sgl, monkeypatch, switch, target):
     monkeypatch.setenv(switch, "0")
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER, 40, (1, 8))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ((1, 8),))
     sgl.install()
     if target == DRAFT:
         model = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)

@@ -19,19 +19,20 @@ from dsv4spec.ops import hc_head
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
-# Inclusive token ranges, per hidden size, where dsv4spec's hc_head beat SGLang's fused_hc_head
-# on one H200, both eager wall time and inside a CUDA graph. Source:
-# benchmarks/results/hc_head_peer.md. Provisional until that run lands: SPEC §7's peer points
-# (T = 4, 64, 1024) against benchmarks/results/hc_head.md.
-TARGET_HC_HEAD_FASTER: dict[int, tuple[int, int]] = {
-    4096: (1, 1024),  # DSV4-Flash
-    7168: (1, 1024),  # DSV4-Pro
+# Where dsv4spec's hc_head beat SGLang's fused_hc_head on one H200, per mode ("graph": device time
+# inside a CUDA graph; "eager": host wall time per back-to-back eager call) and hidden size:
+# inclusive token ranges whose measured points all won. Source: benchmarks/results/hc_head.md
+# (provider "sglang", columns sglang_over_triton and sglang_over_triton_eager), T in
+# {1, 4, 16, 64, 256, 1024, 4096}. Anything else keeps SGLang's own path.
+TARGET_HC_HEAD_FASTER: dict[str, dict[int, tuple[tuple[int, int], ...]]] = {
+    "graph": {4096: ((1, 4096),), 7168: ((1, 4096),)},
+    "eager": {4096: ((1, 4), (256, 4096)), 7168: ((1, 4096),)},
 }
 
 _warned: set[str] = set()
 
 
-def target_prefers_dsv4spec(num_tokens: int, hidden_size: int) -> bool:
+def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool) -> bool:
     """Whether the target's hc_head should run dsv4spec's kernel rather than SGLang's.
 
     Parameters
@@ -40,15 +41,24 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int) -> bool:
         ``T``, rows of ``x [T, hc_mult, hidden_size]``.
     hidden_size : int
         ``H``.
+    in_graph : bool
+        Whether the call is being captured into a CUDA graph (device time is what counts) or
+        runs eagerly (host time included).
 
     Returns
     -------
     bool
-        True iff ``hidden_size`` is in :data:`TARGET_HC_HEAD_FASTER` and ``num_tokens`` lies in
-        its range; unknown widths and tokens outside the range keep SGLang's own path.
+        True iff ``num_tokens`` lies in one of the measured winning ranges of
+        :data:`TARGET_HC_HEAD_FASTER` for that mode and ``hidden_size``.
     """
-    span = TARGET_HC_HEAD_FASTER.get(hidden_size)
-    return span is not None and span[0] <= num_tokens <= span[1]
+    spans = TARGET_HC_HEAD_FASTER["graph" if in_graph else "eager"].get(hidden_size, ())
+    return any(lo <= num_tokens <= hi for lo, hi in spans)
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    if not x.is_cuda:
+        return False
+    return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _fallback(which: str, error: Exception) -> None:
@@ -85,10 +95,10 @@ def target_hc_head(
 
     Uses the module's ``norm_eps`` and ``hc_eps``. Runs the original (SGLang's ``fused_hc_head``,
     or its torch path for empty input) unless ``x`` is ``[T, 4, H]`` on a device Triton runs on
-    and :func:`target_prefers_dsv4spec` says so.
+    and :func:`target_prefers_dsv4spec` says so for this mode (graph capture or eager).
     """
-    if (x.dim() != 3 or x.shape[1] != HC or not target_prefers_dsv4spec(x.shape[0], x.shape[2])
-            or not triton_runs_on(x.device)):
+    if (x.dim() != 3 or x.shape[1] != HC or not triton_runs_on(x.device)
+            or not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x))):
         return original(self, x, hc_fn, hc_scale, hc_base)
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
