@@ -153,8 +153,11 @@ def plot(sweep: list[dict], floor: dict, path: Path) -> None:
     for key, style, label in (("loop_eager_us", "o--", "per-layer loop, eager"),
                               ("fused_eager_us", "o-", "fused, eager"),
                               ("loop_graph_us", "s--", "per-layer loop, CUDA graph"),
-                              ("fused_graph_us", "s-", "fused, CUDA graph")):
-        ax.plot(xs, [r[key] for r in sweep], style, label=label)
+                              ("fused_graph_us", "s-", "fused, CUDA graph"),
+                              ("sglang_loop_eager_us", "^:", "SGLang per-layer kernel, eager"),
+                              ("sglang_loop_graph_us", "v:", "SGLang per-layer kernel, graph")):
+        if all(key in r for r in sweep):
+            ax.plot(xs, [r[key] for r in sweep], style, label=label)
     ax.axhline(floor["empty_kernel_graph_us"], color="gray", lw=0.8, ls=":",
                label="empty kernel in graph")
     ax.set_xscale("log", base=2)

@@ -204,3 +204,31 @@ def test_switched_off_hook_leaves_sglang_original(sgl, monkeypatch, switch, targ
     y = model.hc_head(*inputs)
     assert sgl.originals[target].calls == 1
     assert torch.equal(y, sgl.originals[target].__wrapped__(model, *inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [4096, 7168])
+def test_gpu_target_hook_captured_in_a_cuda_graph_is_ours(sgl, monkeypatch, H):
+    """Under capture the target hook takes the graph table (ours everywhere measured), eagerly
+    the eager table; a replay with new x equals SGLang's own kernel within bf16 rounding."""
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], H, ())  # eager: SGLang's own
+    sgl.install()
+    model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
+    x, hc_fn, hc_scale, hc_base = make_inputs(16, H, torch.bfloat16)
+    model.hc_head(x, hc_fn, hc_scale, hc_base)  # eager warm-up: the original
+    assert sgl.originals[TARGET].calls == 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile ours before capture
+        hooks.hc_head(x, hc_fn, hc_scale, hc_base, **EPS)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = model.hc_head(x, hc_fn, hc_scale, hc_base)
+    assert sgl.originals[TARGET].calls == 1, "captured the original, not ours"
+    for seed in (1, 2):
+        x.copy_(make_inputs(16, H, torch.bfloat16, seed=seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(y, standins.sglang_fused_hc_head()(x, hc_fn, hc_scale, hc_base, **EPS),
+                       f"replay {seed} vs SGLang fused_hc_head")
