@@ -73,6 +73,43 @@ def time_eager(fn: Callable[[], object], calls: int | None = None,
     return _timing(samples)
 
 
+def time_eager_side_by_side(fns: dict[str, Callable[[], object]],
+                            repeats: int = 15) -> dict[str, dict[str, float]]:
+    """:func:`time_eager` for several callables, their loops interleaved repeat by repeat.
+
+    The host's speed drifts between modes over seconds (seen on the lent H200's host: the same
+    call at ~25 or ~35-50 µs); interleaving gives each callable the same mix, so ratios between
+    them hold within one run even when absolute numbers drift.
+    """
+    calls = {}
+    for name, fn in fns.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        per_call = (time.perf_counter() - start) / 20
+        calls[name] = max(20, min(2000, int(0.01 / max(per_call, 1e-7))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, n = fns[name], calls[name]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - start) * 1e3 / n)
+    if gc_was_enabled:
+        gc.enable()
+    return {name: _timing(v) for name, v in samples.items()}
+
+
 def time_host(fn: Callable[[], object], calls: int = 64, repeats: int = 25) -> float:
     """Median host time per call (µs) of bursts of ``calls`` calls, no synchronize inside.
 
