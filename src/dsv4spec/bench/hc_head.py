@@ -155,13 +155,14 @@ def plot(rows: list[dict], path) -> bool:
     widest = max(r["H"] for r in rows)
     for ax, column, what in ((axes[0], "median_us", "in a CUDA graph (device time)"),
                              (axes[1], "eager_us", "eager, back-to-back (host wall)")):
+        providers = list(dict.fromkeys(r["provider"] for r in rows))
         for H in sorted({r["H"] for r in rows}):
-            for provider in dict.fromkeys(r["provider"] for r in rows):
+            for i, provider in enumerate(providers):
                 pts = sorted((r["T"], r[column]) for r in rows
                              if r["H"] == H and r["provider"] == provider
                              and r.get(column) is not None)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{provider}, H={H}",
+                if pts:  # one colour per provider, solid for the widest H
+                    ax.plot(*zip(*pts), marker="o", label=f"{provider}, H={H}", color=f"C{i}",
                             linestyle="-" if H == widest else "--")
         ax.set(xscale="log", yscale="log", xlabel="tokens T", ylabel="µs per call",
                title=f"hc_head, hc_mult 4, bf16: {what}")
