@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from dsv4spec.capture import compile_in_capture_mode
-from dsv4spec.kernels import hc_head_rows, interpreter_enabled, triton_runs_on
+from dsv4spec.kernels import interpreter_enabled, triton_runs_on
 from dsv4spec.kernels.hc_head import HC, hc_head_triton
-from dsv4spec.kernels.hc_head_rows import hc_head_rows_triton
 
 IMPLS = ("auto", "eager", "compiled", "triton")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -84,20 +83,12 @@ def _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc
             )
 
 
-def _fused(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight=None):
-    """The fused kernels: split-K (2 launches), or one launch over whole rows at large T."""
-    min_tokens = hc_head_rows.ROWS_MIN_TOKENS
-    if min_tokens is not None and x.shape[0] >= min_tokens:
-        return hc_head_rows_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight)
-    return hc_head_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight)
-
-
 @torch.library.custom_op("dsv4spec::hc_head", mutates_args=())
 def _hc_head_op(
     x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
     norm_eps: float, hc_eps: float,
 ) -> torch.Tensor:
-    return _fused(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps)
+    return hc_head_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps)
 
 
 @_hc_head_op.register_fake
@@ -110,7 +101,7 @@ def _hc_head_rmsnorm_op(
     x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
     norm_weight: torch.Tensor, norm_eps: float, hc_eps: float,
 ) -> torch.Tensor:
-    return _fused(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight)
+    return hc_head_triton(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight=norm_weight)
 
 
 @_hc_head_rmsnorm_op.register_fake
@@ -183,7 +174,8 @@ def _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
     if impl == "triton":
         x3 = x if x.dim() == 3 else x.reshape(-1, *x.shape[-2:])
         if _direct_call_ok(x3):
-            y = _fused(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps), norm_weight)
+            y = hc_head_triton(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps),
+                               norm_weight=norm_weight)
         elif norm_weight is None:
             y = _hc_head_op(x3, hc_fn, hc_scale, hc_base, float(norm_eps), float(hc_eps))
         else:
