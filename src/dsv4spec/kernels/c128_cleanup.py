@@ -109,10 +109,9 @@ def c128_cleanup_fused_triton(
     batch = req_pool_indices.shape[0]
     ptrs = (table.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
             accept_lens.data_ptr())
-    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else alignment_key(
-        table, req_pool_indices, seq_lens, accept_lens)
     key = (batch, num_draft_tokens, dtype, num_states, num_rows, half, ring_size,
-           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, table.get_device(), aligned)
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, table.get_device(),
+           alignment_key(*ptrs))
     direct = _FUSED.get(key)
     if direct is not None:
         direct(*ptrs)
@@ -136,10 +135,9 @@ def c128_cleanup_triton(
     batch = req_pool_indices.shape[0]
     ptrs = (state.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
             accept_lens.data_ptr())
-    aligned = -1 if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else alignment_key(
-        state, req_pool_indices, seq_lens, accept_lens)
     key = (batch, num_draft_tokens, state.dtype, num_rows, width, ring_size,
-           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, state.get_device(), aligned)
+           req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype, state.get_device(),
+           alignment_key(*ptrs))
     direct = _PER_STATE.get(key)
     if direct is not None:
         direct(*ptrs)

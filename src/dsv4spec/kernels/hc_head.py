@@ -235,7 +235,7 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
     grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
     if key is None:
         key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
-               alignment_key(x, hc_fn, ws))
+               alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
     _PARTIALS.launch(
         key, grid,
         (x, hc_fn, ws, T, H, cfg.num_splits,
@@ -254,7 +254,8 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
     num_hblocks = triton.cdiv(H, cfg.block_h)
     if key is None:
         key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(), float(norm_eps),
-               float(hc_eps), alignment_key(x, ws, hc_scale, hc_base, weight, out))
+               float(hc_eps), alignment_key(*(t.data_ptr() for t in
+                                              (x, ws, hc_scale, hc_base, weight, out))))
     _FINALIZE.launch(
         key, (T * num_hblocks, 1, 1),
         (x, ws, hc_scale, hc_base, weight, out,
@@ -308,10 +309,9 @@ def hc_head_triton(
     px, pf, pw, ps, pb, pn, po = (x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr(),
                                   hc_scale.data_ptr(), hc_base.data_ptr(), weight.data_ptr(),
                                   out.data_ptr())
-    aligned = -1 if not (px | pf | pw | ps | pb | pn | po) & 15 else alignment_key(
-        x, hc_fn, ws, hc_scale, hc_base, weight, out)
     # One key for both kernels: everything either binds or specialises on.
-    key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps, aligned)
+    key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps,
+           alignment_key(px, pf, pw, ps, pb, pn, po))
     direct = _DIRECT.get(key) if LaunchCache.enabled else None
     if direct is not None:
         direct[0](px, pf, pw)

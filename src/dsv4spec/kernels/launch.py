@@ -13,7 +13,8 @@ generated kernels the same way). The key must capture everything Triton speciali
 everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``, the
 pointer dtypes and each pointer's 16-byte alignment. Where the cache cannot apply (the CPU
 interpreter, a launch hook installed, e.g. by a profiler) every call goes through
-``kernel[grid](...)``.
+``kernel[grid](...)``. Hooks are checked when a key is first launched: install a profiler's hooks
+before the first call of a shape, or set ``LaunchCache.enabled = False``.
 """
 
 from __future__ import annotations
@@ -113,10 +114,12 @@ class LaunchCache:
         return direct
 
 
-def alignment_key(*tensors: torch.Tensor | None) -> int:
-    """Bit ``i`` set when tensor ``i``'s address is 16-byte aligned (Triton specialises on it)."""
-    bits = 0
-    for i, t in enumerate(tensors):
-        if t is not None and t.data_ptr() % 16 == 0:
-            bits |= 1 << i
-    return bits
+def alignment_key(*pointers: int) -> int:
+    """-1 when every address is 16-byte aligned (the common case), else a bit mask of the aligned
+    ones: Triton specialises pointer arguments on it, so cached launches key on it."""
+    combined = 0
+    for p in pointers:
+        combined |= p
+    if not combined & 15:
+        return -1
+    return sum(1 << i for i, p in enumerate(pointers) if not p & 15)
