@@ -18,9 +18,11 @@ def test_released_configs_parse(which, layers, hidden, c128, c4, ratios):
     assert (cfg.num_hidden_layers, cfg.hidden_size) == (layers, hidden)
     assert (cfg.num_c128_layers, cfg.num_c4_layers) == (c128, c4)
     assert list(cfg.compress_ratios) == ratios
-    assert (cfg.head_dim, cfg.qk_rope_head_dim, cfg.sliding_window, cfg.hc_mult) == (512, 64, 128, 4)
+    geometry = (cfg.head_dim, cfg.qk_rope_head_dim, cfg.sliding_window, cfg.hc_mult)
+    assert geometry == (512, 64, 128, 4)
     assert cfg.hc_sinkhorn_iters == 20 and cfg.compress_rope_theta == 160000
-    assert cfg.rope_scaling.factor == 16 and cfg.rope_scaling.original_max_position_embeddings == 65536
+    assert cfg.rope_scaling.factor == 16
+    assert cfg.rope_scaling.original_max_position_embeddings == 65536
     raw = json.loads(RELEASED_CONFIGS[which].read_text())
     assert cfg.intermediate_size == raw["moe_intermediate_size"]  # the dense FFN's width
     assert (cfg.state_ring_size(128, True), cfg.state_ring_size(128, False)) == (256, 128)

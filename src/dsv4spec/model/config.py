@@ -77,7 +77,8 @@ class ModelConfig:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim >= self.head_dim:
             raise ValueError(f"qk_rope_head_dim must be even and smaller than head_dim="
-                             f"{self.head_dim} (RoPE on the last dims), got {self.qk_rope_head_dim}")
+                             f"{self.head_dim} (RoPE on the last dims), got "
+                             f"{self.qk_rope_head_dim}")
         if self.num_attention_heads % self.o_groups:
             raise ValueError(f"o_groups={self.o_groups} must divide num_attention_heads="
                              f"{self.num_attention_heads}")
@@ -144,8 +145,8 @@ class ModelConfig:
                 "factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
                 if k in scaling})
         names = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
         values = {k: v for k, v in raw.items() if k in names and v is not None}
         values.update(overrides)
         for key in sorted(required - set(values)):
