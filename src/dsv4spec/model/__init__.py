@@ -1,4 +1,5 @@
-"""A DSV4-style reference model: configuration and presets (the forward is being built)."""
+"""A DSV4-style reference model, being built: configuration and presets (``config``), mHC
+(``mhc``), rotary embedding (``rope``) and the compression math (``compressor``)."""
 
 from dsv4spec.model.config import PRESETS, ModelConfig, YarnScaling, preset
 
