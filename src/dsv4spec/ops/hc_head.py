@@ -15,7 +15,8 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def hc_head_reference(x, hc_fn, hc_scale, hc_base, *, norm_eps, hc_eps):
     """SPEC §3 hc_head, literally: ``x [..., hc_mult, H]`` -> ``[..., H]`` in ``x.dtype``."""
     hc, H = x.shape[-2:]
-    xf = x.reshape(*x.shape[:-2], hc * H).float()
+    # fp32 for bf16/fp16/fp32 (DSV4); fp64 input stays fp64 (exact reference-model runs)
+    xf = x.reshape(*x.shape[:-2], hc * H).to(torch.promote_types(x.dtype, torch.float32))
     r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps)
     m = (xf @ hc_fn.T) * r
     w = torch.sigmoid(m * hc_scale + hc_base) + hc_eps
@@ -29,7 +30,8 @@ def hc_head_rmsnorm_reference(x, hc_fn, hc_scale, hc_base, norm_weight, *, norm_
     ``y = hc_head_reference(...)`` is rounded to ``x.dtype`` first; the RMSNorm runs in fp32 on
     that rounded ``y``: ``(y * rsqrt(mean(y^2) + norm_eps) * norm_weight).to(x.dtype)``.
     """
-    y = hc_head_reference(x, hc_fn, hc_scale, hc_base, norm_eps=norm_eps, hc_eps=hc_eps).float()
+    y = hc_head_reference(x, hc_fn, hc_scale, hc_base, norm_eps=norm_eps, hc_eps=hc_eps)
+    y = y.to(torch.promote_types(y.dtype, torch.float32))
     y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + norm_eps) * norm_weight
     return y.to(x.dtype)
 

@@ -1,0 +1,338 @@
+"""The DSV4-style target model and its MTP draft block (SPEC §2–4), at any width.
+
+Every forward is an *extend*: request ``b`` appends tokens at positions ``starts[b] + t`` for
+``t < lengths[b]`` (prefill from 0 or continuing, decode with 1 token, verify and draft-extend with
+``W``); columns ``t >= lengths[b]`` are padding and write nothing that is read. Shapes depend only
+on ``[B, n]``, and masks replace data-dependent branches, so decode, verify and the draft modes
+can be captured in CUDA graphs. Parameter names follow DSV4's checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dsv4spec.cache.model_state import ModelState
+from dsv4spec.model.compressor import pool
+from dsv4spec.model.config import OVERLAP_RATIO, ModelConfig
+from dsv4spec.model.mhc import hc_post_captured, hc_pre_captured
+from dsv4spec.model.rope import apply_rope, rope_frequencies
+from dsv4spec.ops import hc_head as hc_head_op
+from dsv4spec.ops import hc_head_reference
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    compute = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(compute)
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.to(compute)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def linear(d_in: int, d_out: int) -> nn.Linear:
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+class Batch:
+    """Positions and masks of one extend: ``slots [B]``, ``starts [B]``, ``lengths [B]``, ``n``."""
+
+    def __init__(self, slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, n: int,
+                 scratch_slot: int) -> None:
+        t = torch.arange(n, device=starts.device)
+        self.slots, self.starts, self.lengths, self.n = slots, starts, lengths, n
+        self.pos = starts[:, None] + t  # [B, n]
+        self.valid = t < lengths[:, None]
+        self.scratch = scratch_slot
+
+    def write_slots(self, keep: torch.Tensor) -> torch.Tensor:
+        """``[B, n]`` slot per token for state writes: the request's, or the scratch slot."""
+        return torch.where(keep, self.slots[:, None], self.scratch)
+
+
+class Compressor(nn.Module):
+    """Raw rows ``[kv | score]`` per token, and the entries that the batch's tokens complete."""
+
+    def __init__(self, cfg: ModelConfig, ratio: int) -> None:
+        super().__init__()
+        self.ratio, self.overlap = ratio, ratio == OVERLAP_RATIO
+        coff, D = 1 + self.overlap, cfg.head_dim
+        self.wkv = linear(cfg.hidden_size, coff * D)
+        self.wgate = linear(cfg.hidden_size, coff * D)
+        self.ape = nn.Parameter(torch.zeros(ratio, coff * D))
+        self.norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.head_dim = D
+
+    def forward(self, h: torch.Tensor, batch: Batch, rows_buf: torch.Tensor, ring: int,
+                entries: torch.Tensor, freqs: torch.Tensor) -> None:
+        r, D, B, n = self.ratio, self.head_dim, batch.pos.shape[0], batch.n
+        compute = torch.promote_types(h.dtype, torch.float32)
+        h = h.view(B, n, -1)
+        kv = self.wkv(h).to(compute)
+        score = self.wgate(h).to(compute) + self.ape.to(compute)[batch.pos % r]
+        # Rows as the ring stores them, so an entry pooled from the batch equals one pooled
+        # from the ring later (float64 runs included).
+        new_rows = torch.cat((kv, score), -1).to(rows_buf.dtype).to(compute)  # [B, n, W]
+        # Candidate block ends: positions p with (p + 1) % r == 0, K per request.
+        K = n // r + 1
+        first = (r - 1 - batch.starts) % r  # first t that ends a block
+        t_end = first[:, None] + r * torch.arange(K, device=h.device)  # [B, K]
+        end_ok = t_end < batch.lengths[:, None]
+        p_end = batch.starts[:, None] + t_end
+        span = 2 * r if self.overlap else r
+        q = p_end[:, :, None] - (span - 1) + torch.arange(span, device=h.device)  # [B, K, span]
+        from_batch = q >= batch.starts[:, None, None]
+        t_idx = (q - batch.starts[:, None, None]).clamp(0, n - 1)
+        batch_rows = torch.gather(new_rows, 1, t_idx.view(B, -1, 1).expand(-1, -1,
+                                  new_rows.shape[-1])).view(B, K, span, -1)
+        ring_idx = batch.slots[:, None, None] * ring + q % ring
+        ring_rows = rows_buf[ring_idx].to(compute)
+        neutral = torch.cat((ring_rows.new_zeros(ring_rows.shape[-1] // 2),
+                             ring_rows.new_full((ring_rows.shape[-1] // 2,), float("-inf"))))
+        rows = torch.where(from_batch[..., None], batch_rows,
+                           torch.where((q >= 0)[..., None], ring_rows, neutral))
+        W = rows.shape[-1] // 2
+        kv_rows, score_rows = rows[..., :W], rows[..., W:]
+        if self.overlap:  # block j-1's first halves, then block j's second halves
+            kv_rows = torch.cat((kv_rows[:, :, :r, :D], kv_rows[:, :, r:, D:]), 2)
+            score_rows = torch.cat((score_rows[:, :, :r, :D], score_rows[:, :, r:, D:]), 2)
+        entry = self.norm(pool(kv_rows, score_rows))  # [B, K, D]
+        j = (p_end + 1) // r - 1
+        entry = apply_rope(entry.view(B * K, 1, D), (j * r).view(-1), freqs).view(B, K, D)
+        entries[torch.where(end_ok, batch.slots[:, None], batch.scratch),
+                j.clamp(0, entries.shape[1] - 1)] = entry.to(entries.dtype)
+        # Then the raw rows of the new tokens (the last `ring` of each request are kept).
+        keep = batch.valid & (torch.arange(n, device=h.device) >= batch.lengths[:, None] - ring)
+        rows_buf[batch.write_slots(keep) * ring + batch.pos % ring] = new_rows.to(rows_buf.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int) -> None:
+        super().__init__()
+        H, D, nh = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads
+        self.cfg, self.ratio, self.head_dim, self.num_heads = cfg, ratio, D, nh
+        self.wq_a = linear(H, cfg.q_lora_rank)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = linear(cfg.q_lora_rank, nh * D)
+        self.wkv = linear(H, D)
+        self.kv_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.wo_a = linear(nh // cfg.o_groups * D, cfg.o_groups * cfg.o_lora_rank)
+        self.wo_b = linear(cfg.o_groups * cfg.o_lora_rank, H)
+        self.attn_sink = nn.Parameter(torch.zeros(nh))
+        self.compressor = Compressor(cfg, ratio) if ratio else None
+        theta = cfg.compress_rope_theta if ratio else cfg.rope_theta
+        scaling = cfg.rope_scaling if ratio else None
+        self.register_buffer("freqs", rope_frequencies(cfg.qk_rope_head_dim, theta, scaling),
+                             persistent=False)
+
+    def forward(self, h: torch.Tensor, batch: Batch, state: ModelState, layer: int
+                ) -> torch.Tensor:
+        cfg, D, nh = self.cfg, self.head_dim, self.num_heads
+        B, n = batch.pos.shape
+        eps = cfg.rms_norm_eps
+        pos = batch.pos.reshape(-1)
+        q = self.wq_b(self.q_norm(self.wq_a(h))).view(B * n, nh, D)
+        q = apply_rope(rms_norm(q, None, eps), pos, self.freqs).view(B, n, nh, D)
+        kv = apply_rope(self.kv_norm(self.wkv(h)).view(B * n, 1, D), pos, self.freqs)
+        kv = kv.view(B, n, D)
+        if self.compressor is not None:
+            self.compressor(h, batch, state.rows[layer], state.ring_size[self.ratio],
+                            state.entries[layer], self.freqs)
+        # Keys: the window ring (positions before the batch), the batch's own, the entries.
+        window = state.window[layer]
+        R = window.shape[1]
+        ring_kv = window[batch.slots].to(kv.dtype)  # [B, R, D]
+        last = batch.starts[:, None] - 1
+        ring_pos = last - (last - torch.arange(R, device=h.device)) % R
+        keys = torch.cat((ring_kv, kv), 1)
+        key_pos = torch.cat((ring_pos, batch.pos), 1)
+        key_ok = torch.cat((ring_pos >= 0, batch.valid), 1)
+        qp = batch.pos[:, :, None]
+        mask = (key_ok[:, None, :] & (key_pos[:, None, :] <= qp)
+                & (key_pos[:, None, :] > qp - cfg.sliding_window))
+        if self.compressor is not None:
+            entries = state.entries[layer][batch.slots].to(kv.dtype)  # [B, E, D]
+            E = entries.shape[1]
+            ends = (torch.arange(E, device=h.device) + 1) * self.ratio - 1
+            keys = torch.cat((keys, entries), 1)
+            mask = torch.cat((mask, (ends[None, None, :] <= qp).expand(B, n, E)), 2)
+        scores = torch.einsum("bthd,bkd->bthk", q, keys) / math.sqrt(D)
+        scores = scores.masked_fill(~mask[:, :, None, :], float("-inf"))
+        sink = self.attn_sink.to(scores.dtype).view(1, 1, nh, 1).expand(B, n, nh, 1)
+        probs = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
+        out = torch.einsum("bthk,bkd->bthd", probs, keys)
+        out = apply_rope(out.reshape(B * n, nh, D), pos, self.freqs, inverse=True)
+        g = cfg.o_groups
+        wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
+        out = torch.einsum("tgi,gki->tgk", out.reshape(B * n, g, -1), wo_a)
+        out = self.wo_b(out.reshape(B * n, -1))
+        # Window writes after the reads: the last R tokens of each request, others to scratch.
+        keep = batch.valid & (torch.arange(n, device=h.device) >= batch.lengths[:, None] - R)
+        window[batch.write_slots(keep), batch.pos % R] = kv.to(window.dtype)
+        return out
+
+
+class FFN(nn.Module):
+    """Dense SwiGLU (this reference model's stand-in for DSV4's MoE)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = linear(cfg.hidden_size, cfg.intermediate_size)
+        self.w2 = linear(cfg.intermediate_size, cfg.hidden_size)
+        self.w3 = linear(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int) -> None:
+        super().__init__()
+        hc, H = cfg.hc_mult, cfg.hidden_size
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(H, cfg.rms_norm_eps)
+        n = (2 + hc) * hc
+        for part in ("attn", "ffn"):
+            setattr(self, f"hc_{part}_fn", nn.Parameter(torch.zeros(n, hc * H)))
+            setattr(self, f"hc_{part}_base", nn.Parameter(torch.zeros(n)))
+            setattr(self, f"hc_{part}_scale", nn.Parameter(torch.ones(3)))
+        self.attn = Attention(cfg, ratio)
+        self.ffn = FFN(cfg)
+
+    def _hc(self, part: str):
+        return (getattr(self, f"hc_{part}_fn"), getattr(self, f"hc_{part}_scale"),
+                getattr(self, f"hc_{part}_base"))
+
+    def forward(self, x: torch.Tensor, batch: Batch, state: ModelState, layer: int
+                ) -> torch.Tensor:
+        cfg = self.cfg
+        kw = dict(norm_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
+                  sinkhorn_iters=cfg.hc_sinkhorn_iters)
+        y, post, comb = hc_pre_captured(x, *self._hc("attn"), **kw)
+        x = hc_post_captured(self.attn(self.attn_norm(y), batch, state, layer), x, post, comb)
+        y, post, comb = hc_pre_captured(x, *self._hc("ffn"), **kw)
+        return hc_post_captured(self.ffn(self.ffn_norm(y)), x, post, comb)
+
+
+class MTPBlock(Layer):
+    """The MTP draft block: its own window-only layer, hc_head and shared-head norm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, 0)
+        H, hc = cfg.hidden_size, cfg.hc_mult
+        self.e_proj = linear(H, H)
+        self.h_proj = linear(H, H)
+        self.enorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hc_head_fn = nn.Parameter(torch.zeros(hc, hc * H))
+        self.hc_head_base = nn.Parameter(torch.zeros(hc))
+        self.hc_head_scale = nn.Parameter(torch.ones(1))
+
+
+class Transformer(nn.Module):
+    """Target model (``layers``, ``hc_head_*``, ``norm``, ``head``) and ``mtp[0]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H, hc = cfg.hidden_size, cfg.hc_mult
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, H)
+        self.layers = nn.ModuleList(Layer(cfg, r) for r in cfg.layer_ratios)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.head = linear(H, cfg.vocab_size)
+        self.hc_head_fn = nn.Parameter(torch.zeros(hc, hc * H))
+        self.hc_head_base = nn.Parameter(torch.zeros(hc))
+        self.hc_head_scale = nn.Parameter(torch.ones(1))
+        self.mtp = nn.ModuleList(MTPBlock(cfg) for _ in range(cfg.num_nextn_predict_layers))
+        self.hc_head_impl = "auto"
+
+    def new_state(self, num_slots: int, max_seq_len: int, max_num_draft_tokens: int = 8,
+                  device: torch.device | str | None = None) -> ModelState:
+        cfg = self.cfg
+        ratios = cfg.compress_ratios
+        speculative = max_num_draft_tokens > 1
+        return ModelState(
+            ratios, {r: cfg.state_ring_size(r, speculative) for r in set(ratios) if r},
+            c128_ratio=cfg.compress_ratio, head_dim=cfg.head_dim,
+            sliding_window=cfg.sliding_window, num_slots=num_slots, max_seq_len=max_seq_len,
+            max_num_draft_tokens=max_num_draft_tokens, dtype=self.embed.weight.dtype,
+            device=device if device is not None else self.embed.weight.device)
+
+    def _head(self, x: torch.Tensor, owner: nn.Module, norm: RMSNorm) -> torch.Tensor:
+        cfg = self.cfg
+        params = (owner.hc_head_fn, owner.hc_head_scale, owner.hc_head_base)
+        eps = dict(norm_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps)
+        if x.dtype == torch.float64:  # exact CPU runs: the op serves bf16/fp16/fp32 only
+            y = hc_head_reference(x, *params, **eps)
+        else:
+            y = hc_head_op(x, *params, **eps, impl=self.hc_head_impl)
+        return self.head(norm(y))
+
+    def forward(self, tokens: torch.Tensor, state: ModelState, slots: torch.Tensor,
+                starts: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target extend. Returns logits ``[B, n, V]`` and the pre-hc_head hidden
+        ``[B, n, hc * H]`` (the MTP block's input)."""
+        B, n = tokens.shape
+        batch = Batch(slots, starts, lengths, n, state.num_slots)
+        hc = self.cfg.hc_mult
+        x = self.embed(tokens).view(B * n, 1, -1).expand(-1, hc, -1).contiguous()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, batch, state, i)
+        logits = self._head(x, self, self.norm)
+        return logits.view(B, n, -1), x.view(B, n, -1)
+
+    def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, state: ModelState,
+              slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP extend: ``tokens [B, n]`` (the next tokens) and the target's (or the previous
+        draft step's) pre-hc_head ``hidden [B, n, hc * H]`` at the same positions. Returns the
+        draft logits and its own pre-hc_head hidden."""
+        cfg, mtp = self.cfg, self.mtp[0]
+        B, n = tokens.shape
+        hc, H = cfg.hc_mult, cfg.hidden_size
+        batch = Batch(slots, starts, lengths, n, state.num_slots)
+        e = mtp.e_proj(mtp.enorm(self.embed(tokens))).view(B * n, 1, H)
+        x = e + mtp.h_proj(mtp.hnorm(hidden.view(B * n, hc, H)))
+        x = mtp(x.to(self.embed.weight.dtype), batch, state, cfg.num_hidden_layers)
+        logits = self._head(x, mtp, mtp.norm)
+        return logits.view(B, n, -1), x.view(B, n, -1)
+
+
+@torch.no_grad()
+def init_weights(model: Transformer, seed: int = 0) -> Transformer:
+    """Random weights at DSV4-like scales: projections ``N(0, 1/fan_in)``, embeddings ``N(0, 1)``,
+    norms near 1, mHC ``fn`` ``N(0, 1/(hc*H))`` (logits ~ N(0, 1)), ``base`` ``N(0, 0.5)``,
+    ``scale`` in [0.5, 1.5], ``ape`` and ``attn_sink`` ``N(0, 0.5)``."""
+    g = torch.Generator().manual_seed(seed)
+
+    def fill(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
+        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * std + mean)
+
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("_fn"):
+            fill(p, p.shape[1] ** -0.5)
+        elif leaf.endswith("_base") or leaf in ("ape", "attn_sink"):
+            fill(p, 0.5)
+        elif leaf.endswith("_scale"):
+            p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float64) + 0.5)
+        elif name.startswith("embed"):
+            fill(p, 1.0)
+        elif p.dim() == 1:  # norm weights
+            fill(p, 0.1, 1.0)
+        else:
+            fill(p, p.shape[1] ** -0.5)
+    return model
