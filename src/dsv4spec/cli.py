@@ -7,7 +7,8 @@ import importlib
 import sys
 
 # bench name -> module under dsv4spec.bench; each module has add_arguments(parser) and main(args).
-BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost"}
+BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
+              "model-step": "model_step"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,3 +134,30 @@ def test_incremental_entries_equal_the_compression_math(model):
         expected = apply_rope(expected[:, None], torch.arange(nb) * r,
                               model.layers[i].attn.freqs)[:, 0]
         torch.testing.assert_close(state.entries[i][0, :nb], expected, **TOL)
+
+
+def test_bf16_cast_keeps_fp32_parameters_and_the_fused_hc_head_agrees():
+    m = init_weights(Transformer(preset("tiny")), seed=3).requires_grad_(False).cast(torch.bfloat16)
+    assert m.hc_head_fn.dtype == m.layers[0].hc_attn_fn.dtype == torch.float32
+    assert m.layers[0].attn.compressor.ape.dtype == m.layers[0].attn.attn_sink.dtype
+    assert m.layers[0].attn.wq_a.weight.dtype == m.embed.weight.dtype == torch.bfloat16
+    prompt = tokens(12, 7)
+    outs = {}
+    for impl in ("eager", "triton"):  # the Triton kernel runs in the interpreter on CPU
+        m.hc_head_impl = impl
+        state = m.new_state(num_slots=1, max_seq_len=64)
+        outs[impl], _ = extend(m, state, [prompt], [0], [0])
+    a, b = outs["triton"].double(), outs["eager"].double()
+    assert torch.isfinite(b).all()
+    # bf16 activations: hc_head's outputs may round one ulp apart, carried through the head
+    assert (a - b).norm() / b.norm() < 1e-2
+    assert not torch.equal(outs["eager"], extend(m, m.new_state(1, 64), [tokens(12, 8)], [0],
+                                                 [0])[0])
+
+
+def test_serving_build_on_cpu():
+    from dsv4spec.bench.model_step import build
+
+    m = build("tiny", device="cpu")
+    assert m.embed.weight.dtype == torch.bfloat16 and m.hc_head_fn.dtype == torch.float32
+    assert not any(p.requires_grad for p in m.parameters())

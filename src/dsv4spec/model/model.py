@@ -258,6 +258,15 @@ class Transformer(nn.Module):
         self.mtp = nn.ModuleList(MTPBlock(cfg) for _ in range(cfg.num_nextn_predict_layers))
         self.hc_head_impl = "auto"
 
+    def cast(self, dtype: torch.dtype) -> Transformer:
+        """Cast to ``dtype`` (bf16 to serve), keeping in float32 what DSV4 stores in float32:
+        the mHC and hc_head parameters, the compressors' ``ape`` and the attention sinks."""
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            keep = leaf.startswith("hc_") or leaf in ("ape", "attn_sink")
+            p.data = p.data.to(torch.float32 if keep and dtype != torch.float64 else dtype)
+        return self
+
     def new_state(self, num_slots: int, max_seq_len: int, max_num_draft_tokens: int = 8,
                   device: torch.device | str | None = None) -> ModelState:
         cfg = self.cfg
@@ -313,26 +322,29 @@ class Transformer(nn.Module):
 
 @torch.no_grad()
 def init_weights(model: Transformer, seed: int = 0) -> Transformer:
-    """Random weights at DSV4-like scales: projections ``N(0, 1/fan_in)``, embeddings ``N(0, 1)``,
-    norms near 1, mHC ``fn`` ``N(0, 1/(hc*H))`` (logits ~ N(0, 1)), ``base`` ``N(0, 0.5)``,
-    ``scale`` in [0.5, 1.5], ``ape`` and ``attn_sink`` ``N(0, 0.5)``."""
-    g = torch.Generator().manual_seed(seed)
+    """Random weights at DSV4-like scales, drawn on the parameters' device: projections
+    ``N(0, 1/fan_in)``, embeddings ``N(0, 1)``, norms near 1, mHC ``fn`` ``N(0, 1/(hc*H))``
+    (logits ~ N(0, 1)), ``base`` ``N(0, 0.5)``, ``scale`` in [0.5, 1.5], ``ape`` and
+    ``attn_sink`` ``N(0, 0.5)``."""
+    device = next(model.parameters()).device
+    g = torch.Generator(device=device).manual_seed(seed)
 
-    def fill(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
-        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * std + mean)
+    def randn(p: torch.Tensor) -> torch.Tensor:
+        dtype = p.dtype if p.dtype == torch.float64 else torch.float32
+        return torch.randn(p.shape, generator=g, device=device, dtype=dtype)
 
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf.endswith("_fn"):
-            fill(p, p.shape[1] ** -0.5)
+            p.copy_(randn(p) * p.shape[1] ** -0.5)
         elif leaf.endswith("_base") or leaf in ("ape", "attn_sink"):
-            fill(p, 0.5)
+            p.copy_(randn(p) * 0.5)
         elif leaf.endswith("_scale"):
-            p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float64) + 0.5)
+            p.copy_(torch.rand(p.shape, generator=g, device=device, dtype=torch.float32) + 0.5)
         elif name.startswith("embed"):
-            fill(p, 1.0)
+            p.copy_(randn(p))
         elif p.dim() == 1:  # norm weights
-            fill(p, 0.1, 1.0)
+            p.copy_(randn(p) * 0.1 + 1.0)
         else:
-            fill(p, p.shape[1] ** -0.5)
+            p.copy_(randn(p) * p.shape[1] ** -0.5)
     return model
