@@ -161,3 +161,31 @@ def test_serving_build_on_cpu():
     m = build("tiny", device="cpu")
     assert m.embed.weight.dtype == torch.bfloat16 and m.hc_head_fn.dtype == torch.float32
     assert not any(p.requires_grad for p in m.parameters())
+
+
+def test_rollback_neutralises_rejected_c128_rows_and_outputs_do_not_depend_on_it(model):
+    """SPEC §4: rejected drafts' rows become neutral in every ratio-16 ring; the next step's
+    outputs are the same with or without the rollback (no rejected row is ever read)."""
+    start, W, accept = 29, 4, 2
+    state = model.new_state(num_slots=2, max_seq_len=128, max_num_draft_tokens=4)
+    extend(model, state, [tokens(start, 1)], [1], [0])
+    extend(model, state, [tokens(W, 2)], [1], [start])
+    kept = copy.deepcopy(state)
+    state.clear_unaccepted_draft_rows(torch.tensor([1]), torch.tensor([start]),
+                                      torch.tensor([accept]), W)
+    ring = state.ring_size[model.cfg.compress_ratio]
+    rejected = {1 * ring + (start + j) % ring for j in range(accept, W)}
+    for i, r in enumerate(model.cfg.compress_ratios):
+        if r != model.cfg.compress_ratio:
+            continue
+        rows, before = state.rows[i], kept.rows[i]
+        for row in range(rows.shape[0]):
+            if row in rejected:
+                assert torch.all(rows[row, :rows.shape[1] // 2] == 0)
+                assert torch.all(rows[row, rows.shape[1] // 2:] == float("-inf"))
+            else:
+                assert torch.equal(rows[row], before[row]), (i, row)
+    nxt = tokens(3, 9)  # the next step starts at the committed length
+    a, _ = extend(model, state, [nxt], [1], [start + accept])
+    b, _ = extend(model, kept, [nxt], [1], [start + accept])
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
