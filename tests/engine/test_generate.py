@@ -1,0 +1,130 @@
+"""Speculative decoding over the tiny model in float64: lossless, every accept length, and the
+request state after every step (C128 rows past the committed length neutral)."""
+
+import itertools
+
+import pytest
+import torch
+
+from dsv4spec.engine import Engine, Request
+from dsv4spec.model import preset
+from dsv4spec.model.model import Transformer, init_weights
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_weights(Transformer(preset("tiny")).double(), seed=0).requires_grad_(False)
+
+
+def prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23, 14)]
+
+
+def run(model, W, max_new=(40, 25, 33), join=None, **kw):
+    reqs = [Request(p, m) for p, m in zip(prompts(), max_new)]
+    later = {2: [Request([7, 8, 9, 10, 11, 12, 13], 30)]} if join else None
+    engine = Engine(model, num_slots=3, max_seq_len=160, num_draft_tokens=W, **kw)
+    engine.generate(reqs, join_after=later)
+    return reqs + (later[2] if later else []), engine
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    return [r.output for r in run(model, 0, join=True)[0]]
+
+
+@pytest.mark.parametrize("W", [2, 3, 4, 6, 8])
+def test_speculative_output_equals_greedy(model, greedy, W):
+    reqs, _ = run(model, W, join=True)
+    assert [r.output for r in reqs] == greedy
+    assert all(1 <= a <= W for r in reqs for a in r.accept_lens)
+
+
+def forced(greedy_outputs, W, schedule):
+    """Drafts = the target's own greedy continuation, with a mismatch at the offset the
+    schedule gives for each step (offset W - 1: no mismatch, every draft accepted)."""
+    steps = itertools.count()
+
+    def override(r):
+        ref = greedy_outputs[r.prompt_key]
+        drafts = ref[len(r.output):len(r.output) + W - 1]
+        drafts += [0] * (W - 1 - len(drafts))
+        k = schedule[next(steps) % len(schedule)]
+        if k < W - 1:
+            drafts[k] = (drafts[k] + 1) % 256
+        return drafts
+
+    return override
+
+
+@pytest.mark.parametrize("W", [3, 4, 6])
+def test_forced_acceptance_covers_every_accept_length(model, greedy, W):
+    outputs = {tuple(p): out for p, out in zip(prompts(), greedy)}
+    schedule = list(range(W))  # mismatch at 0 .. W-2, then none
+    reqs = [Request(p, m) for p, m in zip(prompts(), (40, 25, 33))]
+    for r in reqs:
+        r.prompt_key = tuple(r.prompt)
+    engine = Engine(model, num_slots=3, max_seq_len=160, num_draft_tokens=W,
+                    draft_override=forced(outputs, W, schedule))
+    engine.generate(reqs)
+    assert [r.output for r in reqs] == greedy[:3]
+    seen = {a for r in reqs for a in r.accept_lens}
+    assert seen == set(range(1, W + 1)), seen
+
+
+def c128_check(violations):
+    """on_step hook: rows of committed positions equal plain decoding's; rows the last verify
+    wrote for rejected drafts (``[committed, committed + W - accept)``) are neutral."""
+
+    def check(engine, active):
+        model, state = engine.model, engine.state
+        ring = state.ring_size[model.cfg.compress_ratio]
+        for r in active:
+            committed = (r.prompt + r.output)[:r.length]
+            plain = model.new_state(num_slots=1, max_seq_len=160)
+            toks = torch.tensor([committed])
+            zero = torch.tensor([0])
+            model(toks, plain, zero, zero, torch.tensor([len(committed)]))
+            for i, ratio in enumerate(model.cfg.compress_ratios):
+                if ratio != model.cfg.compress_ratio:
+                    continue
+                rows = state.rows[i][r.slot * ring:(r.slot + 1) * ring]
+                ref = plain.rows[i][:ring]
+                for p in range(max(0, r.length - ring + engine.W), r.length):
+                    if not torch.equal(rows[p % ring], ref[p % ring]):
+                        violations.append(("committed", r.length, p))
+                rejected = engine.W - r.accept_lens[-1]
+                for p in range(r.length, r.length + rejected):
+                    half = rows.shape[1] // 2
+                    row = rows[p % ring]
+                    if not (torch.all(row[:half] == 0) and torch.all(row[half:] == -torch.inf)):
+                        violations.append(("not neutral", r.length, p))
+
+    return check
+
+
+@pytest.mark.parametrize("forced_acceptance", [False, True], ids=["model drafts", "forced"])
+def test_state_after_every_step_equals_plain_decoding(model, greedy, forced_acceptance):
+    violations = []
+    kw = {}
+    if forced_acceptance:  # every accept length, including all drafts accepted
+        kw["draft_override"] = forced({tuple(p): o for p, o in zip(prompts(), greedy)}, 4,
+                                      [0, 3, 1, 2])
+    reqs = [Request(p, m) for p, m in zip(prompts(), (40, 25, 33))]
+    for r in reqs:
+        r.prompt_key = tuple(r.prompt)
+    engine = Engine(model, num_slots=3, max_seq_len=160, num_draft_tokens=4,
+                    on_step=c128_check(violations), **kw)
+    engine.generate(reqs)
+    assert [r.output for r in reqs] == greedy[:3]
+    assert not violations, violations[:5]
+    if forced_acceptance:
+        assert {a for r in reqs for a in r.accept_lens} == {1, 2, 3, 4}
+
+
+def test_without_rollback_the_state_check_fails_but_outputs_do_not_change(model, greedy):
+    violations = []
+    reqs, _ = run(model, 4, rollback="none", on_step=c128_check(violations))
+    assert [r.output for r in reqs] == greedy[:3]  # outputs never read a rejected row
+    assert any(v[0] == "not neutral" for v in violations)
