@@ -22,6 +22,9 @@ def test_demo_fused_and_loop_equal_reference(capsys, monkeypatch):
     assert "neutralised rows [11, 12, 13]" in out, out
     # slot 3, seq_len 254, accept 2 of 4: positions 256, 257 wrap to ring rows 0, 1 of slot 3.
     assert "neutralised rows [768, 769]" in out, out
+    # the trained tiny model: speculative decoding gives greedy's output
+    assert "speculative output identical to greedy output: True" in out, out
+    assert "accept lengths: 1:" in out, out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

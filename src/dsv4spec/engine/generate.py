@@ -10,6 +10,9 @@ the target's greedy choices, so the output equals plain greedy decoding token fo
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -79,6 +82,18 @@ class Engine:
         # requests) runs after every step (state checks).
         self.draft_override = draft_override
         self.on_step = on_step
+        self.phase_seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Wall time per phase, the device synchronised at both ends (so phases add up)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.phase_seconds[name] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ phases
     def _target(self, reqs, rows, starts):
@@ -103,13 +118,14 @@ class Engine:
         for r, d in zip(reqs, first.tolist()):
             r.drafts = [d]
         ones = torch.ones(len(reqs), dtype=torch.long, device=self.device)
-        for k in range(self.W - 2):
-            starts = [r.length + k for r in reqs]  # the position of the draft's input token
-            step_logits, step_hidden = self._draft(reqs, [[r.drafts[-1]] for r in reqs], h,
-                                                   starts, ones)
-            h = step_hidden
-            for r, d in zip(reqs, step_logits[:, 0].argmax(-1).tolist()):
-                r.drafts.append(d)
+        with self._phase("draft-decode"):
+            for k in range(self.W - 2):
+                starts = [r.length + k for r in reqs]  # the position of the draft's input
+                step_logits, step_hidden = self._draft(reqs, [[r.drafts[-1]] for r in reqs],
+                                                       h, starts, ones)
+                h = step_hidden
+                for r, d in zip(reqs, step_logits[:, 0].argmax(-1).tolist()):
+                    r.drafts.append(d)
         if self.draft_override is not None:
             for r in reqs:
                 r.drafts = list(self.draft_override(r))
@@ -121,8 +137,9 @@ class Engine:
                 raise RuntimeError("no free slot")
             r.slot = self.free.pop(0)
             self.state.reset_slot(r.slot)
-        (logits, hidden), _, lengths = self._target(reqs, [r.prompt for r in reqs],
-                                                    [0] * len(reqs))
+        with self._phase("prefill"):
+            (logits, hidden), _, lengths = self._target(reqs, [r.prompt for r in reqs],
+                                                        [0] * len(reqs))
         last = [len(r.prompt) - 1 for r in reqs]
         for b, r in enumerate(reqs):
             r.length = len(r.prompt)
@@ -130,13 +147,15 @@ class Engine:
             r.emit([r.next_token])
         if self.W:  # the MTP over the prompt: position p takes token p + 1
             nxt = [r.prompt[1:] + [r.next_token] for r in reqs]
-            d_logits, d_hidden = self._draft(reqs, nxt, hidden, [0] * len(reqs), lengths)
+            with self._phase("draft-extend"):
+                d_logits, d_hidden = self._draft(reqs, nxt, hidden, [0] * len(reqs), lengths)
             self._draft_chain(reqs, d_logits, d_hidden, last)
 
     def decode_step(self, reqs: list[Request]) -> None:
         """Plain greedy: one target token per request."""
-        (logits, _), _, _ = self._target(reqs, [[r.next_token] for r in reqs],
-                                         [r.length for r in reqs])
+        with self._phase("decode"):
+            (logits, _), _, _ = self._target(reqs, [[r.next_token] for r in reqs],
+                                             [r.length for r in reqs])
         for b, r in enumerate(reqs):
             r.length += 1
             r.next_token = int(logits[b, 0].argmax())
@@ -147,18 +166,21 @@ class Engine:
         W = self.W
         starts = [r.length for r in reqs]
         rows = [[r.next_token] + r.drafts for r in reqs]
-        (logits, hidden), slots, lengths = self._target(reqs, rows, starts)
-        greedy = logits.argmax(-1).tolist()  # [B, W]: the target's choice after each token
-        accept = []
-        for b, r in enumerate(reqs):
-            a = 1
-            while a < W and r.drafts[a - 1] == greedy[b][a - 1]:
-                a += 1
-            accept.append(a)
+        with self._phase("verify"):
+            (logits, hidden), slots, lengths = self._target(reqs, rows, starts)
+        with self._phase("acceptance"):
+            greedy = logits.argmax(-1).tolist()  # [B, W]: the target's choice after each
+            accept = []
+            for b, r in enumerate(reqs):
+                a = 1
+                while a < W and r.drafts[a - 1] == greedy[b][a - 1]:
+                    a += 1
+                accept.append(a)
         if self.rollback != "none":
-            self.state.clear_unaccepted_draft_rows(
-                slots, torch.tensor(starts, device=self.device),
-                torch.tensor(accept, device=self.device), W)
+            with self._phase("rollback"):
+                self.state.clear_unaccepted_draft_rows(
+                    slots, torch.tensor(starts, device=self.device),
+                    torch.tensor(accept, device=self.device), W)
         committed = []
         for b, r in enumerate(reqs):
             a = accept[b]
@@ -170,7 +192,8 @@ class Engine:
         # Draft-extend over the W verified positions, fixed width: position L + i takes the
         # token at L + i + 1 (committed for i < a; anything beyond, the rows are not used).
         nxt = [(seq[1:] + [seq[-1]] * W)[:W] for seq in committed]
-        d_logits, d_hidden = self._draft(reqs, nxt, hidden, starts, lengths)
+        with self._phase("draft-extend"):
+            d_logits, d_hidden = self._draft(reqs, nxt, hidden, starts, lengths)
         for b, r in enumerate(reqs):
             r.length += accept[b]
             r.next_token = committed[b][-1]

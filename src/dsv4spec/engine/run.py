@@ -1,0 +1,100 @@
+"""``dsv4spec generate``: greedy generation with or without MTP speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from dsv4spec.engine.generate import ROLLBACKS, Engine, Request
+from dsv4spec.engine.train_tiny import CHECKPOINT, decode, encode
+from dsv4spec.model import preset
+from dsv4spec.model.model import Transformer, init_weights
+from dsv4spec.model.weights import load_weights
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", action="append", required=True,
+                        help="a prompt (repeat for a batch)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    spec = parser.add_mutually_exclusive_group()
+    spec.add_argument("--num-draft-tokens", type=int, default=4, help="W, 2..8")
+    spec.add_argument("--no-spec", action="store_true", help="plain greedy decoding")
+    parser.add_argument("--checkpoint", default=None,
+                        help=f"safetensors weights (default for tiny: {CHECKPOINT.name})")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
+    parser.add_argument("--rollback", choices=ROLLBACKS, default="fused")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load_model(name: str, checkpoint: str | None, device: str, dtype: torch.dtype
+               ) -> Transformer:
+    """The preset's model with the given (or, for ``tiny``, the packaged) weights; random
+    weights otherwise, with a note on stderr."""
+    with torch.device(device):
+        model = Transformer(preset(name))
+    path = checkpoint or (CHECKPOINT if name == "tiny" and CHECKPOINT.exists() else None)
+    if path is None:
+        print(f"no checkpoint for {name}: random weights (drafts are rarely accepted)",
+              file=sys.stderr)
+        init_weights(model)
+    else:
+        load_weights(model, Path(path))
+    model.requires_grad_(False)
+    return model.double() if dtype == torch.float64 else model.cast(dtype)
+
+
+def main(args: argparse.Namespace) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    model = load_model(args.preset, args.checkpoint, device, dtype)
+    W = 0 if args.no_spec else args.num_draft_tokens
+    reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompt]
+    max_len = max(len(r.prompt) for r in reqs) + args.max_new_tokens + 2 * max(W, 2)
+    engine = Engine(model, num_slots=len(reqs), max_seq_len=max_len, num_draft_tokens=W,
+                    rollback=args.rollback)
+    bar = None
+    if not args.json:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(reqs) * args.max_new_tokens, desc="generate", unit="tok")
+        except ImportError:
+            pass
+    if bar is not None:
+        engine.on_step = lambda e, active: bar.update(
+            sum(len(r.output) for r in reqs) - bar.n)
+    start = time.perf_counter()
+    engine.generate(reqs)
+    seconds = time.perf_counter() - start
+    if bar is not None:
+        bar.update(sum(len(r.output) for r in reqs) - bar.n)
+        bar.close()
+    accepts = [a for r in reqs for a in r.accept_lens]
+    mean = sum(accepts) / len(accepts) if accepts else 1.0
+    tokens = sum(len(r.output) for r in reqs)
+    if args.json:
+        print(json.dumps({"tokens": [r.output for r in reqs],
+                          "text": [decode(r.output) for r in reqs],
+                          "accept_lens": [r.accept_lens for r in reqs],
+                          "mean_accept_len": mean, "num_draft_tokens": W,
+                          "tokens_per_s": tokens / seconds,
+                          "phase_seconds": dict(engine.phase_seconds)}))
+        return 0
+    for p, r in zip(args.prompt, reqs):
+        print(f"--- {p!r}\n{decode(r.output)}")
+    if W:
+        hist = Counter(accepts)
+        print("accept length histogram: " + ", ".join(f"{a}: {hist[a]}" for a in range(1, W + 1)))
+        print(f"mean accepted tokens per step: {mean:.2f} of {W}")
+    print(f"{tokens} tokens in {seconds:.2f} s: {tokens / seconds:.1f} tokens/s on {device}")
+    print("time per phase: " + ", ".join(f"{k} {v * 1e3:.0f} ms"
+                                         for k, v in engine.phase_seconds.items()))
+    return 0
