@@ -128,3 +128,9 @@ def test_without_rollback_the_state_check_fails_but_outputs_do_not_change(model,
     reqs, _ = run(model, 4, rollback="none", on_step=c128_check(violations))
     assert [r.output for r in reqs] == greedy[:3]  # outputs never read a rejected row
     assert any(v[0] == "not neutral" for v in violations)
+
+
+def test_a_request_past_max_seq_len_is_refused(model):
+    engine = Engine(model, num_slots=1, max_seq_len=16, num_draft_tokens=4)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.generate([Request(list(range(10)), 20)])

@@ -96,13 +96,21 @@ class Engine:
         self.phase_seconds[name] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ phases
+    def _check_room(self, rows, starts) -> None:
+        end = max(s + len(r) for r, s in zip(rows, starts))
+        if end > self.state.max_seq_len:
+            raise ValueError(f"a request reaches position {end}, past max_seq_len="
+                             f"{self.state.max_seq_len} of the engine's state")
+
     def _target(self, reqs, rows, starts):
+        self._check_room(rows, starts)
         toks, lengths = _pad(rows, self.device)
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         return self.model(toks, self.state, slots, torch.tensor(starts, device=self.device),
                           lengths), slots, lengths
 
     def _draft(self, reqs, rows, hidden, starts, lengths):
+        self._check_room(rows, starts)
         toks, _ = _pad(rows, self.device)
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         return self.model.draft(toks, hidden, self.state, slots,

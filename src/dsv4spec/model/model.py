@@ -56,7 +56,7 @@ class Batch:
         self.scratch = scratch_slot
 
     def write_slots(self, keep: torch.Tensor) -> torch.Tensor:
-        """``[B, n]`` slot per token for state writes: the request's, or the scratch slot."""
+        """Slot per write (``keep [B, ...]``): the request's, or the scratch slot."""
         return torch.where(keep, self.slots[:, None], self.scratch)
 
 
@@ -109,8 +109,8 @@ class Compressor(nn.Module):
         entry = self.norm(pool(kv_rows, score_rows))  # [B, K, D]
         j = (p_end + 1) // r - 1
         entry = apply_rope(entry.view(B * K, 1, D), (j * r).view(-1), freqs).view(B, K, D)
-        entries[torch.where(end_ok, batch.slots[:, None], batch.scratch),
-                j.clamp(0, entries.shape[1] - 1)] = entry.to(entries.dtype)
+        entries[batch.write_slots(end_ok), j.clamp(0, entries.shape[1] - 1)] = entry.to(
+            entries.dtype)
         # Then the raw rows of the new tokens (the last `ring` of each request are kept).
         keep = batch.valid & (torch.arange(n, device=h.device) >= batch.lengths[:, None] - ring)
         rows_buf[batch.write_slots(keep) * ring + batch.pos % ring] = new_rows.to(rows_buf.dtype)
@@ -293,7 +293,9 @@ class Transformer(nn.Module):
                 starts: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Target extend. Returns logits ``[B, n, V]`` and the pre-hc_head hidden
-        ``[B, n, hc * H]`` (the MTP block's input)."""
+        ``[B, n, hc * H]`` (the MTP block's input). ``starts + lengths`` must not exceed the
+        state's ``max_seq_len`` (not checked here: that would sync with the device; the engine
+        checks it on the host)."""
         B, n = tokens.shape
         batch = Batch(slots, starts, lengths, n, state.num_slots)
         hc = self.cfg.hc_mult
