@@ -134,3 +134,28 @@ def test_a_request_past_max_seq_len_is_refused(model):
     engine = Engine(model, num_slots=1, max_seq_len=16, num_draft_tokens=4)
     with pytest.raises(ValueError, match="max_seq_len"):
         engine.generate([Request(list(range(10)), 20)])
+
+
+def test_padded_buckets_change_nothing(model, greedy):
+    """Every verify padded to a bucket of 4 (padding rows: scratch slot, accept = W): the same
+    outputs, and the state check still holds for every real request."""
+    violations = []
+    reqs = [Request(p, m) for p, m in zip(prompts(), (40, 25, 33))]
+    engine = Engine(model, num_slots=4, max_seq_len=160, num_draft_tokens=4, buckets=(4,),
+                    on_step=c128_check(violations))
+    padded = []
+    real = engine.verify._step
+    engine.verify._step = lambda n: padded.append(int((~engine.verify.valid[:n]).sum())) or \
+        real(n)
+    engine.generate(reqs)
+    assert [r.output for r in reqs] == greedy[:3]
+    assert not violations and max(padded) >= 1
+
+
+def test_greedy_accept_counts_leading_matches():
+    from dsv4spec.engine.verify import greedy_accept
+
+    tokens = torch.tensor([[5, 1, 2, 3], [5, 1, 9, 3], [5, 7, 2, 3], [5, 1, 2, 3]])
+    greedy = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]])
+    valid = torch.tensor([True, True, True, False])
+    assert greedy_accept(tokens, greedy, valid).tolist() == [4, 2, 1, 4]

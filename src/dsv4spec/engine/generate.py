@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4spec.engine.verify import BUCKETS, VerifyRunner
 from dsv4spec.model.model import Transformer
 
 ROLLBACKS = ("fused", "loop", "none")
@@ -60,12 +61,16 @@ class Engine:
     ``num_draft_tokens`` ``W`` >= 2 turns on speculative decoding (0 or 1: plain greedy).
     ``rollback`` selects the C128 rollback after each verify: ``"fused"`` (one launch),
     ``"loop"`` (one launch per layer) or ``"none"`` (outputs do not change; state does).
-    ``draft_override`` and ``on_step`` are test hooks (forced acceptance, per-step checks).
+    The verify, the greedy acceptance and the fused rollback run as one device-side step per
+    batch-size bucket (``buckets``, rows padded), captured in CUDA graphs with
+    ``cuda_graphs=True``; the per-layer loop runs after it. ``draft_override`` and ``on_step``
+    are test hooks (forced acceptance, per-step checks).
     """
 
     def __init__(self, model: Transformer, *, num_slots: int = 8, max_seq_len: int = 1024,
                  num_draft_tokens: int = 0, rollback: str = "fused", draft_override=None,
-                 on_step=None) -> None:
+                 on_step=None, buckets: tuple[int, ...] = BUCKETS, cuda_graphs: bool = False
+                 ) -> None:
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
         if num_draft_tokens >= 2 and not model.mtp:
@@ -83,6 +88,10 @@ class Engine:
         self.draft_override = draft_override
         self.on_step = on_step
         self.phase_seconds: dict[str, float] = defaultdict(float)
+        # verify + greedy acceptance (+ the fused rollback, inside) per batch-size bucket
+        self.verify = VerifyRunner(model, self.state, max(self.W, 2),
+                                   rollback=rollback == "fused", buckets=buckets,
+                                   graphs=cuda_graphs) if self.W else None
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -174,21 +183,19 @@ class Engine:
         W = self.W
         starts = [r.length for r in reqs]
         rows = [[r.next_token] + r.drafts for r in reqs]
-        with self._phase("verify"):
-            (logits, hidden), slots, lengths = self._target(reqs, rows, starts)
-        with self._phase("acceptance"):
-            greedy = logits.argmax(-1).tolist()  # [B, W]: the target's choice after each
-            accept = []
-            for b, r in enumerate(reqs):
-                a = 1
-                while a < W and r.drafts[a - 1] == greedy[b][a - 1]:
-                    a += 1
-                accept.append(a)
-        if self.rollback != "none":
+        self._check_room(rows, starts)
+        tokens = torch.tensor(rows, device=self.device)
+        slots = torch.tensor([r.slot for r in reqs], device=self.device)
+        starts_t = torch.tensor(starts, device=self.device)
+        with self._phase("verify"):  # + acceptance, + the fused rollback
+            res = self.verify(tokens, slots, starts_t)
+            accept = res.accept_lens.tolist()
+            greedy = res.greedy.tolist()  # [B, W]: the target's choice after each token
+        if self.rollback == "loop":
             with self._phase("rollback"):
-                self.state.clear_unaccepted_draft_rows(
-                    slots, torch.tensor(starts, device=self.device),
-                    torch.tensor(accept, device=self.device), W)
+                self.state.clear_unaccepted_draft_rows(slots, starts_t, res.accept_lens, W)
+        hidden = res.hidden
+        lengths = torch.full((len(reqs),), W, device=self.device)
         committed = []
         for b, r in enumerate(reqs):
             a = accept[b]
