@@ -189,8 +189,7 @@ class Engine:
         starts_t = torch.tensor(starts, device=self.device)
         with self._phase("verify"):  # + acceptance, + the fused rollback
             res = self.verify(tokens, slots, starts_t)
-            accept = res.accept_lens.tolist()
-            greedy = res.greedy.tolist()  # [B, W]: the target's choice after each token
+            accept, bonuses = res.accept_lens.tolist(), res.bonus.tolist()
         if self.rollback == "loop":
             with self._phase("rollback"):
                 self.state.clear_unaccepted_draft_rows(slots, starts_t, res.accept_lens, W)
@@ -199,8 +198,7 @@ class Engine:
         committed = []
         for b, r in enumerate(reqs):
             a = accept[b]
-            bonus = greedy[b][a - 1]
-            seq = [r.next_token] + r.drafts[:a - 1] + [bonus]  # positions L .. L + a
+            seq = [r.next_token] + r.drafts[:a - 1] + [bonuses[b]]  # positions L .. L + a
             committed.append(seq)
             r.accept_lens.append(a)
             r.emit(seq[1:])
