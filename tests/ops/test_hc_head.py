@@ -373,11 +373,8 @@ def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
                         return hc_head(x, fn, sc, base, **eps, impl="triton")
                     return hc_head_rmsnorm(x, fn, sc, base, nw, **eps, impl="triton")
 
-                LaunchCache.enabled = False
-                try:
+                with LaunchCache.disabled():
                     expected = call()
-                finally:
-                    LaunchCache.enabled = True
                 call()  # fills the cache
                 direct = _PARTIALS.direct_launches + _FINALIZE.direct_launches
                 out = call()

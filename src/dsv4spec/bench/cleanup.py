@@ -73,11 +73,8 @@ class Case:
 
     def run_fused_dispatch(self) -> None:
         """The fused clear launched through Triton's dispatcher (no cached compiled kernel)."""
-        LaunchCache.enabled = False
-        try:
+        with LaunchCache.disabled():
             self.run_fused()
-        finally:
-            LaunchCache.enabled = True
 
     def run_sglang_loop(self) -> None:
         for state in self.states:

@@ -41,6 +41,28 @@ def time_in_graph(fn: Callable[[], object], rep_ms: int = 30) -> dict[str, float
     return _timing(samples)
 
 
+def _calls_for(fn: Callable[[], object], seconds: float) -> int:
+    """After a warm-up, how many back-to-back calls of ``fn`` last about ``seconds``."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - start) / 20
+    return max(20, min(2000, int(seconds / max(per_call, 1e-7))))
+
+
+def _wall_ms_per_call(fn: Callable[[], object], calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
 def time_eager(fn: Callable[[], object], calls: int | None = None,
                repeats: int = 15) -> dict[str, float]:
     """Host wall time per call of ``calls`` back-to-back eager calls, one sync at the end (µs).
@@ -49,62 +71,26 @@ def time_eager(fn: Callable[[], object], calls: int | None = None,
     call's dispatch. Median, p20 and p80 over ``repeats`` loops; ``calls=None`` sizes each loop
     to about 20 ms.
     """
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    if calls is None:
-        start = time.perf_counter()
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        per_call = (time.perf_counter() - start) / 20
-        calls = max(20, min(2000, int(0.02 / max(per_call, 1e-7))))
-    samples = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1e3 / calls)
-    if gc_was_enabled:
-        gc.enable()
-    return _timing(samples)
+    return time_eager_side_by_side({"fn": fn}, repeats, calls=calls, loop_seconds=0.02)["fn"]
 
 
-def time_eager_side_by_side(fns: dict[str, Callable[[], object]],
-                            repeats: int = 15) -> dict[str, dict[str, float]]:
+def time_eager_side_by_side(fns: dict[str, Callable[[], object]], repeats: int = 15, *,
+                            calls: int | None = None, loop_seconds: float = 0.01
+                            ) -> dict[str, dict[str, float]]:
     """:func:`time_eager` for several callables, their loops interleaved repeat by repeat.
 
     The host's speed drifts between modes over seconds (seen on the lent H200's host: the same
     call at ~25 or ~35-50 µs); interleaving gives each callable the same mix, so ratios between
     them hold within one run even when absolute numbers drift.
     """
-    calls = {}
-    for name, fn in fns.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        per_call = (time.perf_counter() - start) / 20
-        calls[name] = max(20, min(2000, int(0.01 / max(per_call, 1e-7))))
+    counts = {name: calls or _calls_for(fn, loop_seconds) for name, fn in fns.items()}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     gc_was_enabled = gc.isenabled()
-    gc.disable()
+    gc.disable()  # a collection inside a loop would land in one sample (as timeit does)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fn, n = fns[name], calls[name]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) * 1e3 / n)
+            samples[name].append(_wall_ms_per_call(fns[name], counts[name]))
     if gc_was_enabled:
         gc.enable()
     return {name: _timing(v) for name, v in samples.items()}

@@ -45,11 +45,8 @@ def _empty_kernel(x_ptr):
 
 def _without_cache(fn):
     def run():
-        LaunchCache.enabled = False
-        try:
+        with LaunchCache.disabled():
             fn()
-        finally:
-            LaunchCache.enabled = True
     return run
 
 

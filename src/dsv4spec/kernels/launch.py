@@ -14,12 +14,13 @@ everything bound: the grid, the integer and float arguments, the constexprs, ``n
 pointer dtypes and each pointer's 16-byte alignment. Where the cache cannot apply (the CPU
 interpreter, a launch hook installed, e.g. by a profiler) every call goes through
 ``kernel[grid](...)``. Hooks are checked when a key is first launched: install a profiler's hooks
-before the first call of a shape, or set ``LaunchCache.enabled = False``.
+before the first call of a shape, or launch inside ``LaunchCache.disabled()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 from triton import knobs
@@ -59,8 +60,15 @@ class LaunchCache:
         self._entries: dict[Hashable, Callable[..., None]] = {}
         self.direct_launches = 0
 
-    def clear(self) -> None:
-        self._entries.clear()
+    @staticmethod
+    @contextlib.contextmanager
+    def disabled() -> Iterator[None]:
+        """Every launch through ``kernel[grid](...)`` inside (benchmarks compare the paths)."""
+        LaunchCache.enabled = False
+        try:
+            yield
+        finally:
+            LaunchCache.enabled = True
 
     def __len__(self) -> int:
         return len(self._entries)

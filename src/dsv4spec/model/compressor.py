@@ -21,6 +21,13 @@ def pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     return (torch.softmax(score, dim=-2) * kv).sum(-2)
 
 
+def overlap_halves(rows: torch.Tensor, ratio: int = OVERLAP_RATIO) -> torch.Tensor:
+    """Rows ``[..., 2 * ratio, 2D]``, block ``j - 1``'s then block ``j``'s, to the pooling set
+    ``[..., 2 * ratio, D]``: the first block's first halves, then the second's second halves."""
+    D = rows.shape[-1] // 2
+    return torch.cat((rows[..., :ratio, :D], rows[..., ratio:, D:]), -2)
+
+
 def overlapped_blocks(
     kv: torch.Tensor, score: torch.Tensor, ratio: int = OVERLAP_RATIO,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,13 +37,11 @@ def overlapped_blocks(
     of block ``j``.
     """
     n, width = kv.shape
-    D = width // 2
     kv_b, score_b = kv.view(n // ratio, ratio, width), score.view(n // ratio, ratio, width)
-    prev_kv = torch.cat((kv_b.new_zeros(1, ratio, D), kv_b[:-1, :, :D]))
-    prev_score = torch.cat((score_b.new_full((1, ratio, D), float("-inf")),
-                            score_b[:-1, :, :D]))
-    return (torch.cat((prev_kv, kv_b[:, :, D:]), dim=1),
-            torch.cat((prev_score, score_b[:, :, D:]), dim=1))
+    prev_kv = torch.cat((kv_b.new_zeros(1, ratio, width), kv_b[:-1]))  # neutral before block 0
+    prev_score = torch.cat((score_b.new_full((1, ratio, width), float("-inf")), score_b[:-1]))
+    return (overlap_halves(torch.cat((prev_kv, kv_b), 1), ratio),
+            overlap_halves(torch.cat((prev_score, score_b), 1), ratio))
 
 
 def compress_rows(kv: torch.Tensor, score: torch.Tensor, ratio: int) -> torch.Tensor:

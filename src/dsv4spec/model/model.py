@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dsv4spec.cache.model_state import ModelState
-from dsv4spec.model.compressor import pool
+from dsv4spec.model.compressor import overlap_halves, pool
 from dsv4spec.model.config import OVERLAP_RATIO, ModelConfig
 from dsv4spec.model.mhc import hc_post_captured, hc_pre_captured
 from dsv4spec.model.rope import apply_rope, rope_frequencies
@@ -104,8 +104,7 @@ class Compressor(nn.Module):
         W = rows.shape[-1] // 2
         kv_rows, score_rows = rows[..., :W], rows[..., W:]
         if self.overlap:  # block j-1's first halves, then block j's second halves
-            kv_rows = torch.cat((kv_rows[:, :, :r, :D], kv_rows[:, :, r:, D:]), 2)
-            score_rows = torch.cat((score_rows[:, :, :r, :D], score_rows[:, :, r:, D:]), 2)
+            kv_rows, score_rows = overlap_halves(kv_rows, r), overlap_halves(score_rows, r)
         entry = self.norm(pool(kv_rows, score_rows))  # [B, K, D]
         j = (p_end + 1) // r - 1
         entry = apply_rope(entry.view(B * K, 1, D), (j * r).view(-1), freqs).view(B, K, D)
