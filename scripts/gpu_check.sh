@@ -2,7 +2,7 @@
 # Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests sanitizer eager-cost cleanup hc-head (default all); cleanup:quick and
+#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e (default: the first five); cleanup:quick and
 #   hc-head:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
@@ -37,11 +37,12 @@ for s in $STEPS; do
         > "$OUT/sanitizer_memcheck.log" 2>&1
       echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
       tail -8 "$OUT/sanitizer_memcheck.log" ;;
-    eager-cost|cleanup|hc-head|cleanup:quick|hc-head:quick)
+    eager-cost|cleanup|hc-head|model-step|e2e|cleanup:quick|hc-head:quick|e2e:quick)
       name=${s%:quick}
       flags=$([ "$s" != "$name" ] && echo --quick)
-      step "dsv4spec bench $name $flags --peer sglang"
-      $PY -m dsv4spec.cli bench "$name" $flags --peer sglang --out "$OUT/results" 2>&1 \
+      case $name in cleanup|hc-head|eager-cost) flags="$flags --peer sglang" ;; esac
+      step "dsv4spec bench $name $flags"
+      $PY -m dsv4spec.cli bench "$name" $flags --out "$OUT/results" 2>&1 \
         | tee "$OUT/bench_$name.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     *) echo "unknown step $s"; status=1 ;;

@@ -137,19 +137,25 @@ def test_a_request_past_max_seq_len_is_refused(model):
 
 
 def test_padded_buckets_change_nothing(model, greedy):
-    """Every verify padded to a bucket of 4 (padding rows: scratch slot, accept = W): the same
-    outputs, and the state check still holds for every real request."""
+    """Every verify, draft-extend and draft chain padded to a bucket of 4 (padding rows: scratch
+    slot, accept = W): the same outputs, and the state check still holds for every request."""
     violations = []
     reqs = [Request(p, m) for p, m in zip(prompts(), (40, 25, 33))]
     engine = Engine(model, num_slots=4, max_seq_len=160, num_draft_tokens=4, buckets=(4,),
                     on_step=c128_check(violations))
-    padded = []
-    real = engine.verify._step
-    engine.verify._step = lambda n: padded.append(int((~engine.verify.valid[:n]).sum())) or \
-        real(n)
+    padded = {}  # runner -> padding rows per call
+    runners = {"verify": (engine.verify.runner, "valid"),
+               "draft-extend": (engine.drafts.extend, "lengths"),
+               "draft-chain": (engine.drafts.chain, "valid")}
+    for name, (runner, flag) in runners.items():
+        def step(inputs, real=runner.step, name=name, flag=flag):
+            padded.setdefault(name, []).append(int((inputs[flag] == 0).sum()))
+            return real(inputs)
+        runner.step = step
     engine.generate(reqs)
     assert [r.output for r in reqs] == greedy[:3]
-    assert not violations and max(padded) >= 1
+    assert not violations
+    assert {name: max(v) >= 1 for name, v in padded.items()} == dict.fromkeys(runners, True)
 
 
 def test_greedy_accept_counts_leading_matches():

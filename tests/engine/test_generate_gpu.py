@@ -1,5 +1,7 @@
-"""GPU: the engine with the verify + acceptance + rollback step captured in CUDA graphs gives the
-same tokens as eager, and as greedy decoding (float32 and bf16, padded buckets)."""
+"""GPU: the engine with its verify (+ acceptance + rollback), draft-extend, draft-chain and decode
+steps captured in CUDA graphs gives the same tokens as eager and as greedy decoding (float32 and
+bf16, padded buckets); the rollback runs inside the verify graph; the trained checkpoint accepts
+the same on the GPU as on the CPU."""
 
 import pytest
 import torch
@@ -26,3 +28,39 @@ def test_gpu_graph_replay_gives_the_eager_tokens(dtype, bs):
         engine.generate(reqs)
         outputs[mode] = [r.output for r in reqs]
     assert outputs["graphs"] == outputs["eager"] == outputs["greedy"]
+
+
+@pytest.mark.gpu
+def test_gpu_the_verify_graph_contains_the_fused_rollback():
+    from torch.profiler import ProfilerActivity, profile
+
+    model = load_model("tiny", None, "cuda", torch.float32)
+    reqs = [Request(encode(p), 12) for p in PROMPTS[:3]]
+    engine = Engine(model, num_slots=4, max_seq_len=96, num_draft_tokens=4, buckets=(4,),
+                    cuda_graphs=True)
+    engine.generate(reqs)
+    (n,) = engine.verify.runner.captured()
+    graph, _ = engine.verify.runner._graphs[n]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("c128_cleanup_fused" in k for k in names) == 1, names[-20:]
+    assert not any("c128_cleanup_kernel" in k for k in names)
+
+
+@pytest.mark.gpu
+def test_gpu_trained_checkpoint_accepts_as_on_the_cpu():
+    accept = {}
+    for device in ("cpu", "cuda"):
+        model = load_model("tiny", None, device, torch.float32)
+        reqs = [Request(encode(p), 40) for p in PROMPTS[:4]]
+        Engine(model, num_slots=4, max_seq_len=128, num_draft_tokens=4,
+               cuda_graphs=device == "cuda").generate(reqs)
+        accept[device] = [r.accept_lens for r in reqs]
+        if device == "cpu":
+            outputs = [r.output for r in reqs]
+    assert accept["cuda"] == accept["cpu"]
+    assert [r.output for r in reqs] == outputs
+    assert sum(map(sum, accept["cpu"])) / sum(map(len, accept["cpu"])) > 1.5

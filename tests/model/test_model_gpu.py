@@ -36,8 +36,13 @@ def test_gpu_pro_shape_graph_replay_equals_eager(W):
                                  generator=torch.Generator(device="cuda").manual_seed(seed)))
         graph.replay()
         torch.cuda.synchronize()
-        ref = step()  # eager (mHC eager instead of Inductor: within bf16 rounding)
+        with capture_mode():  # the same kernels (mHC Inductor-compiled), launched eagerly
+            same_kernels = step()
+        plain = step()  # mHC eager: other fp32 rounding, amplified over 61 random bf16 layers
         for b, n in enumerate(lengths.tolist()):
-            a, e = out[b, :n].float(), ref[b, :n].float()
+            a = out[b, :n].float()
             assert torch.isfinite(a).all()
-            assert (a - e).norm() / e.norm() < 2e-2, (b, seed)
+            e = same_kernels[b, :n].float()
+            assert (a - e).norm() / e.norm() < 1e-3, (b, seed, "replay vs eager, same kernels")
+            e = plain[b, :n].float()
+            assert (a - e).norm() / e.norm() < 5e-2, (b, seed, "replay vs plain eager")

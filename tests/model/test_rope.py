@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsv4spec.model.config import YarnScaling
-from dsv4spec.model.rope import apply_rope, rope_frequencies
+from dsv4spec.model.rope import apply_rope, rope_frequencies, rope_table, rotate
 
 
 def test_frequencies_without_scaling():
@@ -56,3 +56,30 @@ def test_inverse_undoes_and_scores_depend_on_relative_position():
 
     torch.testing.assert_close(score(10, 3), score(1010, 1003))
     assert not torch.isclose(score(10, 3), score(10, 4))
+
+
+def pairwise_rope(x, positions, freqs, inverse=False):
+    """RoPE spelled out per pair (a, b) -> (a cos - b sin, a sin + b cos) at float64 angles."""
+    rd = 2 * freqs.shape[0]
+    angles = positions.double()[:, None] * freqs
+    angles = -angles if inverse else angles
+    compute = torch.promote_types(x.dtype, torch.float32)
+    cos = angles.cos().to(compute).view(angles.shape[0], *([1] * (x.dim() - 2)), -1)
+    sin = angles.sin().to(compute).view_as(cos)
+    rot = x[..., -rd:].to(compute).unflatten(-1, (-1, 2))
+    a, b = rot[..., 0], rot[..., 1]
+    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return torch.cat((x[..., :-rd], rotated.to(x.dtype)), dim=-1)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_table_rotation_equals_the_pairwise_formula_bit_for_bit(dtype, inverse):
+    """The shared-table form (swap pairs, signed sin) rounds exactly like the pairwise one."""
+    x = torch.randn(64, 3, 24).to(dtype)
+    pos = torch.randint(0, 1 << 20, (64,))
+    freqs = rope_frequencies(16, 160000.0, YarnScaling())
+    expected = pairwise_rope(x, pos, freqs, inverse)
+    assert torch.equal(apply_rope(x, pos, freqs, inverse=inverse), expected)
+    cos, sin = rope_table(pos, freqs, torch.promote_types(dtype, torch.float32))
+    assert torch.equal(rotate(x, cos, sin, inverse=inverse), expected)

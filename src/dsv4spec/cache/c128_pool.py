@@ -54,6 +54,8 @@ class C128StatePool:
         self.ring_size = ring_size
         self.head_dim = head_dim
         self.cleanup_impl = cleanup
+        # The per-layer kernel of the "loop" rollback (benchmarks swap in SGLang's own).
+        self.per_layer_clear = clear_unaccepted_c128_draft_states
         self.num_rows = num_slots * ring_size + ring_size + 1
         self.states = [
             self._neutral_buffer(self.num_rows, dtype, torch.device(device))
@@ -96,6 +98,6 @@ class C128StatePool:
                                num_draft_tokens=num_draft_tokens)
             return
         for state in self.states:
-            clear_unaccepted_c128_draft_states(
+            self.per_layer_clear(
                 state, req_pool_indices, seq_lens, accept_lens, ring_size=self.ring_size,
                 num_draft_tokens=num_draft_tokens)

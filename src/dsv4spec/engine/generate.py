@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsv4spec.engine.verify import BUCKETS, VerifyRunner
+from dsv4spec.engine.draft import DraftRunner, draft_extend
+from dsv4spec.engine.graphs import BUCKETS, BucketRunner
+from dsv4spec.engine.verify import VerifyRunner
 from dsv4spec.model.model import Transformer
 
 ROLLBACKS = ("fused", "loop", "none")
@@ -60,24 +62,29 @@ class Engine:
 
     ``num_draft_tokens`` ``W`` >= 2 turns on speculative decoding (0 or 1: plain greedy).
     ``rollback`` selects the C128 rollback after each verify: ``"fused"`` (one launch),
-    ``"loop"`` (one launch per layer) or ``"none"`` (outputs do not change; state does).
-    The verify, the greedy acceptance and the fused rollback run as one device-side step per
-    batch-size bucket (``buckets``, rows padded), captured in CUDA graphs with
-    ``cuda_graphs=True``; the per-layer loop runs after it. ``draft_override`` and ``on_step``
-    are test hooks (forced acceptance, per-step checks).
+    ``"loop"`` (one launch per layer) or ``"none"`` (outputs do not change; state does), run
+    inside the device-side verify step (``rollback_in_verify=True``, so inside its graph) or after
+    it (SGLang's arrangement: the loop, eagerly, after the verify graph). The verify with greedy
+    acceptance, the draft-extend and the draft decode chain each run per batch-size bucket
+    (``buckets``, rows padded), captured in CUDA graphs with ``cuda_graphs=True``.
+    ``draft_hc_head_impl`` picks the MTP block's hc_head (``None``: the model's).
+    ``draft_override`` and ``on_step`` are test hooks (forced acceptance, per-step checks).
     """
 
     def __init__(self, model: Transformer, *, num_slots: int = 8, max_seq_len: int = 1024,
-                 num_draft_tokens: int = 0, rollback: str = "fused", draft_override=None,
-                 on_step=None, buckets: tuple[int, ...] = BUCKETS, cuda_graphs: bool = False
-                 ) -> None:
+                 num_draft_tokens: int = 0, rollback: str = "fused",
+                 rollback_in_verify: bool = True, draft_hc_head_impl: str | None = None,
+                 draft_override=None, on_step=None, buckets: tuple[int, ...] = BUCKETS,
+                 cuda_graphs: bool = False) -> None:
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
         if num_draft_tokens >= 2 and not model.mtp:
             raise ValueError("num_draft_tokens >= 2 needs a model with an MTP block")
         self.model = model
         self.W = num_draft_tokens if num_draft_tokens >= 2 else 0
-        self.rollback = rollback
+        self.rollback, self.rollback_in_verify = rollback, rollback_in_verify
+        if draft_hc_head_impl is not None:
+            model.draft_hc_head_impl = draft_hc_head_impl
         self.device = model.embed.weight.device
         self.state = model.new_state(num_slots, max_seq_len, max(self.W, 2), self.device)
         self.state.c128.cleanup_impl = "loop" if rollback == "loop" else "fused"
@@ -88,20 +95,35 @@ class Engine:
         self.draft_override = draft_override
         self.on_step = on_step
         self.phase_seconds: dict[str, float] = defaultdict(float)
-        # verify + greedy acceptance (+ the fused rollback, inside) per batch-size bucket
-        self.verify = VerifyRunner(model, self.state, max(self.W, 2),
-                                   rollback=rollback == "fused", buckets=buckets,
-                                   graphs=cuda_graphs) if self.W else None
+        self.phase_events: dict[str, list] = defaultdict(list)
+        self.verify = self.drafts = None
+        long = torch.long
+        self.decoder = BucketRunner(self._decode, {
+            "tokens": ((), long, 0), "slots": ((), long, self.state.num_slots),
+            "starts": ((), long, 0), "valid": ((), torch.bool, False)},
+            buckets=buckets, max_batch=num_slots, device=self.device, graphs=cuda_graphs)
+        if self.W:
+            inside = rollback != "none" and rollback_in_verify
+            self.verify = VerifyRunner(model, self.state, self.W, rollback=inside,
+                                       buckets=buckets, graphs=cuda_graphs)
+            self.drafts = DraftRunner(model, self.state, self.W, buckets=buckets,
+                                      graphs=cuda_graphs)
 
     @contextlib.contextmanager
     def _phase(self, name: str):
-        """Wall time per phase, the device synchronised at both ends (so phases add up)."""
-        if self.device.type == "cuda":
+        """Wall time per phase, the device synchronised at both ends (so phases add up); on
+        CUDA also the device time between the phase's start and end (``phase_events``)."""
+        cuda = self.device.type == "cuda"
+        if cuda:
             torch.cuda.synchronize()
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         start = time.perf_counter()
         yield
-        if self.device.type == "cuda":
+        if cuda:
+            events[1].record()
             torch.cuda.synchronize()
+            self.phase_events[name].append(events)
         self.phase_seconds[name] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ phases
@@ -118,31 +140,21 @@ class Engine:
         return self.model(toks, self.state, slots, torch.tensor(starts, device=self.device),
                           lengths), slots, lengths
 
-    def _draft(self, reqs, rows, hidden, starts, lengths):
-        self._check_room(rows, starts)
-        toks, _ = _pad(rows, self.device)
-        slots = torch.tensor([r.slot for r in reqs], device=self.device)
-        return self.model.draft(toks, hidden, self.state, slots,
-                                torch.tensor(starts, device=self.device), lengths)
+    def _slots(self, reqs) -> torch.Tensor:
+        return torch.tensor([r.slot for r in reqs], device=self.device)
 
-    def _draft_chain(self, reqs, logits, hidden, rows_at):
-        """First drafts from ``logits[b, rows_at[b]]``, then ``W - 2`` MTP decodes: the k-th
-        at position ``length + k``, fed the previous draft and that draft step's hidden."""
-        b_idx = torch.arange(len(reqs), device=self.device)
-        at = torch.tensor(rows_at, device=self.device)
-        first = logits[b_idx, at].argmax(-1)
-        h = hidden[b_idx, at][:, None]
-        for r, d in zip(reqs, first.tolist()):
-            r.drafts = [d]
-        ones = torch.ones(len(reqs), dtype=torch.long, device=self.device)
+    def _draft_chain(self, reqs, first, hidden):
+        """``W - 2`` MTP decodes after the first drafts ``first [B]`` (the k-th at position
+        ``length + k``, fed the previous draft and that draft step's hidden)."""
+        self._check_room([[0] * (self.W - 1)] * len(reqs), [r.length for r in reqs])
         with self._phase("draft-decode"):
-            for k in range(self.W - 2):
-                starts = [r.length + k for r in reqs]  # the position of the draft's input
-                step_logits, step_hidden = self._draft(reqs, [[r.drafts[-1]] for r in reqs],
-                                                       h, starts, ones)
-                h = step_hidden
-                for r, d in zip(reqs, step_logits[:, 0].argmax(-1).tolist()):
-                    r.drafts.append(d)
+            starts = torch.tensor([r.length for r in reqs], device=self.device)
+            valid = torch.ones(len(reqs), dtype=torch.bool, device=self.device)
+            (drafts,) = self.drafts.chain(first=first, hidden=hidden, slots=self._slots(reqs),
+                                          starts=starts, valid=valid)
+            drafts = drafts.tolist()
+        for r, d in zip(reqs, drafts):
+            r.drafts = d
         if self.draft_override is not None:
             for r in reqs:
                 r.drafts = list(self.draft_override(r))
@@ -155,46 +167,57 @@ class Engine:
             r.slot = self.free.pop(0)
             self.state.reset_slot(r.slot)
         with self._phase("prefill"):
-            (logits, hidden), _, lengths = self._target(reqs, [r.prompt for r in reqs],
-                                                        [0] * len(reqs))
+            (logits, hidden), slots, lengths = self._target(reqs, [r.prompt for r in reqs],
+                                                            [0] * len(reqs))
         last = [len(r.prompt) - 1 for r in reqs]
         for b, r in enumerate(reqs):
             r.length = len(r.prompt)
             r.next_token = int(logits[b, last[b]].argmax())
             r.emit([r.next_token])
-        if self.W:  # the MTP over the prompt: position p takes token p + 1
-            nxt = [r.prompt[1:] + [r.next_token] for r in reqs]
-            with self._phase("draft-extend"):
-                d_logits, d_hidden = self._draft(reqs, nxt, hidden, [0] * len(reqs), lengths)
-            self._draft_chain(reqs, d_logits, d_hidden, last)
+        if self.W:  # the MTP over the prompt (eager, any length): position p takes token p + 1
+            with self._phase("prefill"):
+                toks, _ = _pad([r.prompt[1:] + [r.next_token] for r in reqs], self.device)
+                first, h = draft_extend(self.model, self.state, toks, hidden, slots,
+                                        torch.zeros_like(lengths), lengths,
+                                        torch.tensor(last, device=self.device))
+            self._draft_chain(reqs, first, h)
+
+    def _decode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
+        logits, _ = self.model(inputs["tokens"][:, None], self.state, inputs["slots"],
+                               inputs["starts"], inputs["valid"].long())
+        return (logits[:, 0].argmax(-1),)
 
     def decode_step(self, reqs: list[Request]) -> None:
-        """Plain greedy: one target token per request."""
+        """Plain greedy: one target token per request (per bucket, in a graph if enabled)."""
+        starts = [r.length for r in reqs]
+        self._check_room([[0]] * len(reqs), starts)
         with self._phase("decode"):
-            (logits, _), _, _ = self._target(reqs, [[r.next_token] for r in reqs],
-                                             [r.length for r in reqs])
-        for b, r in enumerate(reqs):
+            (nxt,) = self.decoder(
+                tokens=torch.tensor([r.next_token for r in reqs], device=self.device),
+                slots=self._slots(reqs), starts=torch.tensor(starts, device=self.device),
+                valid=torch.ones(len(reqs), dtype=torch.bool, device=self.device))
+            nxt = nxt.tolist()
+        for r, t in zip(reqs, nxt):
             r.length += 1
-            r.next_token = int(logits[b, 0].argmax())
-            r.emit([r.next_token])
+            r.next_token = t
+            r.emit([t])
 
     def speculative_step(self, reqs: list[Request]) -> None:
-        """Verify, accept, roll back, draft-extend, draft decodes (SGLang's order)."""
+        """Verify (+ acceptance, + rollback inside), rollback after, draft-extend, draft chain:
+        SGLang's order."""
         W = self.W
         starts = [r.length for r in reqs]
         rows = [[r.next_token] + r.drafts for r in reqs]
         self._check_room(rows, starts)
         tokens = torch.tensor(rows, device=self.device)
-        slots = torch.tensor([r.slot for r in reqs], device=self.device)
+        slots = self._slots(reqs)
         starts_t = torch.tensor(starts, device=self.device)
-        with self._phase("verify"):  # + acceptance, + the fused rollback
+        with self._phase("verify"):
             res = self.verify(tokens, slots, starts_t)
             accept, bonuses = res.accept_lens.tolist(), res.bonus.tolist()
-        if self.rollback == "loop":
+        if self.rollback != "none" and not self.rollback_in_verify:
             with self._phase("rollback"):
                 self.state.clear_unaccepted_draft_rows(slots, starts_t, res.accept_lens, W)
-        hidden = res.hidden
-        lengths = torch.full((len(reqs),), W, device=self.device)
         committed = []
         for b, r in enumerate(reqs):
             a = accept[b]
@@ -204,13 +227,16 @@ class Engine:
             r.emit(seq[1:])
         # Draft-extend over the W verified positions, fixed width: position L + i takes the
         # token at L + i + 1 (committed for i < a; anything beyond, the rows are not used).
-        nxt = [(seq[1:] + [seq[-1]] * W)[:W] for seq in committed]
+        nxt = torch.tensor([(seq[1:] + [seq[-1]] * W)[:W] for seq in committed],
+                           device=self.device)
         with self._phase("draft-extend"):
-            d_logits, d_hidden = self._draft(reqs, nxt, hidden, starts, lengths)
+            first, h = self.drafts.extend(
+                tokens=nxt, hidden=res.hidden, slots=slots, starts=starts_t,
+                lengths=torch.full_like(starts_t, W), rows_at=res.accept_lens - 1)
         for b, r in enumerate(reqs):
             r.length += accept[b]
             r.next_token = committed[b][-1]
-        self._draft_chain(reqs, d_logits, d_hidden, [a - 1 for a in accept])
+        self._draft_chain(reqs, first, h)
 
     def release(self, r: Request) -> None:
         self.state.reset_slot(r.slot)

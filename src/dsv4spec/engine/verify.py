@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4spec.cache.model_state import ModelState
+from dsv4spec.engine.graphs import BUCKETS, BucketRunner
 from dsv4spec.model.model import Transformer
 
 
@@ -54,75 +55,27 @@ def verify_accept_rollback(
     return VerifyResult(accept, bonus, greedy, hidden)
 
 
-# SGLang's batch-size buckets with speculation on
-BUCKETS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
-
-
 class VerifyRunner:
-    """:func:`verify_accept_rollback` per batch-size bucket, rows padded to the bucket.
-
-    With ``graphs=True`` (CUDA) each bucket's step is captured once in a CUDA graph, warmed up
-    and captured under ``capture_mode()``, over static input buffers; a call copies its inputs
-    into the buffers' prefix, pads the rest (scratch slot, ``valid`` False) and replays. Without
-    graphs the same padded step runs eagerly (what the CPU tests exercise).
-    """
+    """:func:`verify_accept_rollback` per batch-size bucket (a :class:`BucketRunner`), rows
+    padded to the bucket with the scratch slot and ``valid = False``; with ``graphs=True`` each
+    bucket's step is one CUDA graph (the rollback inside it when ``rollback=True``)."""
 
     def __init__(self, model: Transformer, state: ModelState, num_draft_tokens: int, *,
                  rollback: bool = True, buckets: tuple[int, ...] = BUCKETS,
                  graphs: bool = False) -> None:
-        self.model, self.state, self.W = model, state, num_draft_tokens
-        self.rollback, self.graphs = rollback, graphs
-        self.buckets = tuple(sorted(b for b in buckets if b <= state.num_slots)) or (
-            state.num_slots,)
-        device = model.embed.weight.device
-        top = self.buckets[-1]
-        self.tokens = torch.zeros(top, num_draft_tokens, dtype=torch.long, device=device)
-        self.slots = torch.full((top,), state.num_slots, dtype=torch.long, device=device)
-        self.starts = torch.zeros(top, dtype=torch.long, device=device)
-        self.valid = torch.zeros(top, dtype=torch.bool, device=device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, VerifyResult]] = {}
+        self.model, self.state, self.W, self.rollback = model, state, num_draft_tokens, rollback
+        long = torch.long
+        self.runner = BucketRunner(self._step, {
+            "tokens": ((num_draft_tokens,), long, 0), "slots": ((), long, state.num_slots),
+            "starts": ((), long, 0), "valid": ((), torch.bool, False)},
+            buckets=buckets, max_batch=state.num_slots, device=model.embed.weight.device,
+            graphs=graphs)
 
-    def bucket(self, batch: int) -> int:
-        for b in self.buckets:
-            if b >= batch:
-                return b
-        raise ValueError(f"batch {batch} exceeds the largest bucket {self.buckets[-1]}")
-
-    def _step(self, n: int) -> VerifyResult:
-        return verify_accept_rollback(self.model, self.state, self.tokens[:n], self.slots[:n],
-                                      self.starts[:n], self.valid[:n], rollback=self.rollback)
-
-    def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, VerifyResult]:
-        from dsv4spec.capture import capture_mode
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), capture_mode():
-            for _ in range(2):  # compile the captured functions before capture
-                self._step(n)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with capture_mode(), torch.cuda.graph(graph):
-            out = self._step(n)
-        return graph, out
+    def _step(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        res = verify_accept_rollback(self.model, self.state, **inputs, rollback=self.rollback)
+        return res.accept_lens, res.bonus, res.greedy, res.hidden
 
     def __call__(self, tokens: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor
                  ) -> VerifyResult:
-        B = tokens.shape[0]
-        n = self.bucket(B)
-        self.tokens[:B].copy_(tokens)
-        self.slots[:B].copy_(slots)
-        self.starts[:B].copy_(starts)
-        self.valid[:B] = True
-        self.tokens[B:n] = 0
-        self.slots[B:n] = self.state.num_slots  # padding rows: the scratch slot
-        self.starts[B:n] = 0
-        self.valid[B:n] = False
-        if not self.graphs:
-            out = self._step(n)
-        else:
-            if n not in self._graphs:
-                self._graphs[n] = self._capture(n)
-            graph, out = self._graphs[n]
-            graph.replay()
-        return VerifyResult(out.accept_lens[:B], out.bonus[:B], out.greedy[:B], out.hidden[:B])
+        valid = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        return VerifyResult(*self.runner(tokens=tokens, slots=slots, starts=starts, valid=valid))

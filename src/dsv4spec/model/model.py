@@ -10,6 +10,8 @@ can be captured in CUDA graphs. Parameter names follow DSV4's checkpoint.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ from dsv4spec.cache.model_state import ModelState
 from dsv4spec.model.compressor import overlap_halves, pool
 from dsv4spec.model.config import OVERLAP_RATIO, ModelConfig
 from dsv4spec.model.mhc import hc_post_captured, hc_pre_captured
-from dsv4spec.model.rope import apply_rope, rope_frequencies
+from dsv4spec.model.rope import rope_frequencies, rope_table, rotate
 from dsv4spec.ops import hc_head as hc_head_op
 from dsv4spec.ops import hc_head_reference
 
@@ -44,20 +46,89 @@ def linear(d_in: int, d_out: int) -> nn.Linear:
     return nn.Linear(d_in, d_out, bias=False)
 
 
+T = TypeVar("T")
+
+
 class Batch:
-    """Positions and masks of one extend: ``slots [B]``, ``starts [B]``, ``lengths [B]``, ``n``."""
+    """Positions and masks of one extend: ``slots [B]``, ``starts [B]``, ``lengths [B]``, ``n``.
+
+    Also a memo of what depends only on the batch and a layer's kind (rope tables, masks, index
+    math): the layers of one kind share one computation, which cuts the kernels each layer
+    launches. A new ``Batch`` per forward, so nothing stale survives into the next.
+    """
 
     def __init__(self, slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, n: int,
                  scratch_slot: int) -> None:
-        t = torch.arange(n, device=starts.device)
+        self.t = torch.arange(n, device=starts.device)
         self.slots, self.starts, self.lengths, self.n = slots, starts, lengths, n
-        self.pos = starts[:, None] + t  # [B, n]
-        self.valid = t < lengths[:, None]
+        self.pos = starts[:, None] + self.t  # [B, n]
+        self.valid = self.t < lengths[:, None]
         self.scratch = scratch_slot
+        self._memo: dict[Hashable, Any] = {}
+
+    def memo(self, key: Hashable, fn: Callable[[], T]) -> T:
+        """``fn()``, computed on the first call with ``key`` of this batch and then reused."""
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
 
     def write_slots(self, keep: torch.Tensor) -> torch.Tensor:
         """Slot per write (``keep [B, ...]``): the request's, or the scratch slot."""
         return torch.where(keep, self.slots[:, None], self.scratch)
+
+    def ring_writes(self, ring: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the tokens go in a per-slot ring of ``ring`` rows: slot and row ``[B, n]``.
+
+        Only each request's last ``ring`` tokens are kept (a later one of the batch would
+        overwrite the others); padding and the rest go to the scratch slot.
+        """
+        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            keep = self.valid & (self.t >= self.lengths[:, None] - ring)
+            return self.write_slots(keep), self.pos % ring
+
+        return self.memo(("ring_writes", ring), compute)
+
+
+class BlockIndex(NamedTuple):
+    """A compressor's index math for one batch: depends only on the batch, ratio and ring.
+
+    ``K = n // r + 1`` candidate blocks per request, each pooling ``span`` rows (``2r`` when
+    overlapping, else ``r``).
+    """
+
+    ape_row: torch.Tensor     # [B, n] pos % r
+    batch_row: torch.Tensor   # [B, K, span] row of the batch's new rows, flattened to [B * n]
+    ring_row: torch.Tensor    # [B, K, span] row of the state ring
+    from_batch: torch.Tensor  # [B, K, span, 1] the row is the batch's (else the ring's)
+    in_seq: torch.Tensor      # [B, K, span, 1] position >= 0 (else a neutral row)
+    entry_pos: torch.Tensor   # [B * K] rope position j * r of entry j
+    entry_slot: torch.Tensor  # [B, K] slot of the entry write (scratch if the block is not done)
+    entry_col: torch.Tensor   # [B, K] j, clamped into the entries buffer
+    row_write: torch.Tensor   # [B, n] ring row of each new token's raw row
+
+
+def block_index(batch: Batch, r: int, span: int, ring: int, max_entries: int) -> BlockIndex:
+    """The index math of a compressor of ratio ``r`` (pooling ``span`` rows, state ring of
+    ``ring`` rows per slot, ``max_entries`` entries per slot) for ``batch``."""
+    B, n, device = batch.pos.shape[0], batch.n, batch.pos.device
+    # Candidate block ends: positions p with (p + 1) % r == 0, K per request.
+    K = n // r + 1
+    first = (r - 1 - batch.starts) % r  # first t that ends a block
+    t_end = first[:, None] + r * torch.arange(K, device=device)  # [B, K]
+    end_ok = t_end < batch.lengths[:, None]
+    p_end = batch.starts[:, None] + t_end
+    q = p_end[:, :, None] - (span - 1) + torch.arange(span, device=device)  # [B, K, span]
+    from_batch = q >= batch.starts[:, None, None]
+    t_idx = (q - batch.starts[:, None, None]).clamp(0, n - 1)
+    batch_row = torch.arange(B, device=device)[:, None, None] * n + t_idx
+    j = (p_end + 1) // r - 1
+    slot, row = batch.ring_writes(ring)
+    return BlockIndex(
+        ape_row=batch.pos % r, batch_row=batch_row,
+        ring_row=batch.slots[:, None, None] * ring + q % ring,
+        from_batch=from_batch[..., None], in_seq=(q >= 0)[..., None],
+        entry_pos=(j * r).view(-1), entry_slot=batch.write_slots(end_ok),
+        entry_col=j.clamp(0, max_entries - 1), row_write=slot * ring + row)
 
 
 class Compressor(nn.Module):
@@ -77,42 +148,35 @@ class Compressor(nn.Module):
                 entries: torch.Tensor, freqs: torch.Tensor) -> None:
         r, D, B, n = self.ratio, self.head_dim, batch.pos.shape[0], batch.n
         compute = torch.promote_types(h.dtype, torch.float32)
+        span = 2 * r if self.overlap else r
+        ix = batch.memo(("compressor", r, ring, entries.shape[1]),
+                        lambda: block_index(batch, r, span, ring, entries.shape[1]))
         h = h.view(B, n, -1)
         kv = self.wkv(h).to(compute)
-        score = self.wgate(h).to(compute) + self.ape.to(compute)[batch.pos % r]
+        score = self.wgate(h).to(compute) + self.ape.to(compute)[ix.ape_row]
         # Rows as the ring stores them, so an entry pooled from the batch equals one pooled
         # from the ring later (float64 runs included).
-        new_rows = torch.cat((kv, score), -1).to(rows_buf.dtype).to(compute)  # [B, n, W]
-        # Candidate block ends: positions p with (p + 1) % r == 0, K per request.
-        K = n // r + 1
-        first = (r - 1 - batch.starts) % r  # first t that ends a block
-        t_end = first[:, None] + r * torch.arange(K, device=h.device)  # [B, K]
-        end_ok = t_end < batch.lengths[:, None]
-        p_end = batch.starts[:, None] + t_end
-        span = 2 * r if self.overlap else r
-        q = p_end[:, :, None] - (span - 1) + torch.arange(span, device=h.device)  # [B, K, span]
-        from_batch = q >= batch.starts[:, None, None]
-        t_idx = (q - batch.starts[:, None, None]).clamp(0, n - 1)
-        batch_rows = torch.gather(new_rows, 1, t_idx.view(B, -1, 1).expand(-1, -1,
-                                  new_rows.shape[-1])).view(B, K, span, -1)
-        ring_idx = batch.slots[:, None, None] * ring + q % ring
-        ring_rows = rows_buf[ring_idx].to(compute)
-        neutral = torch.cat((ring_rows.new_zeros(ring_rows.shape[-1] // 2),
-                             ring_rows.new_full((ring_rows.shape[-1] // 2,), float("-inf"))))
-        rows = torch.where(from_batch[..., None], batch_rows,
-                           torch.where((q >= 0)[..., None], ring_rows, neutral))
-        W = rows.shape[-1] // 2
+        stored = torch.cat((kv, score), -1).to(rows_buf.dtype)  # [B, n, 2W]
+        new_rows = stored.to(compute)
+        width = new_rows.shape[-1]
+        neutral = batch.memo(("neutral_row", width, compute), lambda: torch.cat((
+            new_rows.new_zeros(width // 2), new_rows.new_full((width // 2,), float("-inf")))))
+        batch_rows = new_rows.view(B * n, width)[ix.batch_row]  # [B, K, span, 2W]
+        ring_rows = rows_buf[ix.ring_row].to(compute)
+        rows = torch.where(ix.from_batch, batch_rows,
+                           torch.where(ix.in_seq, ring_rows, neutral))
+        W = width // 2
         kv_rows, score_rows = rows[..., :W], rows[..., W:]
         if self.overlap:  # block j-1's first halves, then block j's second halves
             kv_rows, score_rows = overlap_halves(kv_rows, r), overlap_halves(score_rows, r)
         entry = self.norm(pool(kv_rows, score_rows))  # [B, K, D]
-        j = (p_end + 1) // r - 1
-        entry = apply_rope(entry.view(B * K, 1, D), (j * r).view(-1), freqs).view(B, K, D)
-        entries[batch.write_slots(end_ok), j.clamp(0, entries.shape[1] - 1)] = entry.to(
-            entries.dtype)
+        K = entry.shape[1]
+        cos, sin = batch.memo(("entry_rope", r, compute),
+                              lambda: rope_table(ix.entry_pos, freqs, compute))
+        entry = rotate(entry.view(B * K, 1, D), cos, sin).view(B, K, D)
+        entries[ix.entry_slot, ix.entry_col] = entry.to(entries.dtype)
         # Then the raw rows of the new tokens (the last `ring` of each request are kept).
-        keep = batch.valid & (torch.arange(n, device=h.device) >= batch.lengths[:, None] - ring)
-        rows_buf[batch.write_slots(keep) * ring + batch.pos % ring] = new_rows.to(rows_buf.dtype)
+        rows_buf[ix.row_write] = stored
 
 
 class Attention(nn.Module):
@@ -129,6 +193,8 @@ class Attention(nn.Module):
         self.wo_b = linear(cfg.o_groups * cfg.o_lora_rank, H)
         self.attn_sink = nn.Parameter(torch.zeros(nh))
         self.compressor = Compressor(cfg, ratio) if ratio else None
+        # Two rope kinds, each fixed by the config: one table per kind and forward serves all.
+        self.rope_kind = "compress" if ratio else "window"
         theta = cfg.compress_rope_theta if ratio else cfg.rope_theta
         scaling = cfg.rope_scaling if ratio else None
         self.register_buffer("freqs", rope_frequencies(cfg.qk_rope_head_dim, theta, scaling),
@@ -139,46 +205,58 @@ class Attention(nn.Module):
         cfg, D, nh = self.cfg, self.head_dim, self.num_heads
         B, n = batch.pos.shape
         eps = cfg.rms_norm_eps
-        pos = batch.pos.reshape(-1)
+        compute = torch.promote_types(h.dtype, torch.float32)
+        cos, sin = batch.memo(("rope", self.rope_kind, compute),
+                              lambda: rope_table(batch.pos.reshape(-1), self.freqs, compute))
         q = self.wq_b(self.q_norm(self.wq_a(h))).view(B * n, nh, D)
-        q = apply_rope(rms_norm(q, None, eps), pos, self.freqs).view(B, n, nh, D)
-        kv = apply_rope(self.kv_norm(self.wkv(h)).view(B * n, 1, D), pos, self.freqs)
-        kv = kv.view(B, n, D)
+        q = rotate(rms_norm(q, None, eps), cos, sin).view(B, n, nh, D)
+        kv = rotate(self.kv_norm(self.wkv(h)).view(B * n, 1, D), cos, sin).view(B, n, D)
         if self.compressor is not None:
             self.compressor(h, batch, state.rows[layer], state.ring_size[self.ratio],
                             state.entries[layer], self.freqs)
         # Keys: the window ring (positions before the batch), the batch's own, the entries.
         window = state.window[layer]
         R = window.shape[1]
-        ring_kv = window[batch.slots].to(kv.dtype)  # [B, R, D]
-        last = batch.starts[:, None] - 1
-        ring_pos = last - (last - torch.arange(R, device=h.device)) % R
-        keys = torch.cat((ring_kv, kv), 1)
-        key_pos = torch.cat((ring_pos, batch.pos), 1)
-        key_ok = torch.cat((ring_pos >= 0, batch.valid), 1)
-        qp = batch.pos[:, :, None]
-        mask = (key_ok[:, None, :] & (key_pos[:, None, :] <= qp)
-                & (key_pos[:, None, :] > qp - cfg.sliding_window))
+        parts = [window[batch.slots].to(kv.dtype), kv]  # [B, R, D], [B, n, D]
+        E = 0
         if self.compressor is not None:
-            entries = state.entries[layer][batch.slots].to(kv.dtype)  # [B, E, D]
-            E = entries.shape[1]
-            ends = (torch.arange(E, device=h.device) + 1) * self.ratio - 1
-            keys = torch.cat((keys, entries), 1)
-            mask = torch.cat((mask, (ends[None, None, :] <= qp).expand(B, n, E)), 2)
+            parts.append(state.entries[layer][batch.slots].to(kv.dtype))  # [B, E, D]
+            E = parts[-1].shape[1]
+        keys = torch.cat(parts, 1)
+        hidden = batch.memo(("hidden_keys", R, self.ratio, E),
+                            lambda: self._hidden_keys(batch, R, E))
         scores = torch.einsum("bthd,bkd->bthk", q, keys) / math.sqrt(D)
-        scores = scores.masked_fill(~mask[:, :, None, :], float("-inf"))
+        scores = scores.masked_fill(hidden, float("-inf"))
         sink = self.attn_sink.to(scores.dtype).view(1, 1, nh, 1).expand(B, n, nh, 1)
         probs = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
         out = torch.einsum("bthk,bkd->bthd", probs, keys)
-        out = apply_rope(out.reshape(B * n, nh, D), pos, self.freqs, inverse=True)
+        out = rotate(out.reshape(B * n, nh, D), cos, sin, inverse=True)
         g = cfg.o_groups
         wo_a = self.wo_a.weight.view(g, cfg.o_lora_rank, -1)
         out = torch.einsum("tgi,gki->tgk", out.reshape(B * n, g, -1), wo_a)
         out = self.wo_b(out.reshape(B * n, -1))
         # Window writes after the reads: the last R tokens of each request, others to scratch.
-        keep = batch.valid & (torch.arange(n, device=h.device) >= batch.lengths[:, None] - R)
-        window[batch.write_slots(keep), batch.pos % R] = kv.to(window.dtype)
+        window[batch.ring_writes(R)] = kv.to(window.dtype)
         return out
+
+    def _hidden_keys(self, batch: Batch, R: int, E: int) -> torch.Tensor:
+        """``[B, n, 1, R + n + E]``: True where a query must not read the key."""
+        B, n = batch.pos.shape
+        qp = batch.pos[:, :, None]
+
+        def window_mask() -> torch.Tensor:  # shared by all layer kinds
+            last = batch.starts[:, None] - 1
+            ring_pos = last - (last - torch.arange(R, device=qp.device)) % R  # [B, R]
+            key_pos = torch.cat((ring_pos, batch.pos), 1)
+            key_ok = torch.cat((ring_pos >= 0, batch.valid), 1)
+            return (key_ok[:, None, :] & (key_pos[:, None, :] <= qp)
+                    & (key_pos[:, None, :] > qp - self.cfg.sliding_window))
+
+        mask = batch.memo(("window_mask", R), window_mask)
+        if E:  # entry j is complete once its block's last position is reached
+            ends = (torch.arange(E, device=qp.device) + 1) * self.ratio - 1
+            mask = torch.cat((mask, (ends[None, None, :] <= qp).expand(B, n, E)), 2)
+        return ~mask[:, :, None, :]
 
 
 class FFN(nn.Module):
@@ -256,6 +334,7 @@ class Transformer(nn.Module):
         self.hc_head_scale = nn.Parameter(torch.ones(1))
         self.mtp = nn.ModuleList(MTPBlock(cfg) for _ in range(cfg.num_nextn_predict_layers))
         self.hc_head_impl = "auto"
+        self.draft_hc_head_impl: str | None = None  # the MTP block's; None: hc_head_impl
 
     def cast(self, dtype: torch.dtype) -> Transformer:
         """Cast to ``dtype`` (bf16 to serve), keeping in float32 what DSV4 stores in float32:
@@ -285,7 +364,10 @@ class Transformer(nn.Module):
         if x.dtype == torch.float64:  # exact CPU runs: the op serves bf16/fp16/fp32 only
             y = hc_head_reference(x, *params, **eps)
         else:
-            y = hc_head_op(x, *params, **eps, impl=self.hc_head_impl)
+            impl = self.hc_head_impl
+            if owner is not self and self.draft_hc_head_impl is not None:
+                impl = self.draft_hc_head_impl
+            y = hc_head_op(x, *params, **eps, impl=impl)
         return self.head(norm(y))
 
     def forward(self, tokens: torch.Tensor, state: ModelState, slots: torch.Tensor,

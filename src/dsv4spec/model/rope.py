@@ -39,6 +39,39 @@ def rope_frequencies(dim: int, theta: float, scaling: YarnScaling | None = None)
     return freqs / scaling.factor * (1 - keep) + freqs * keep
 
 
+def rope_table(
+    positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin [T, 2 * len(freqs)]`` in ``dtype`` at ``positions [T]`` (angles in float64).
+
+    Laid out per interleaved pair ``(2i, 2i+1)`` as ``(cos, cos)`` and ``(-sin, sin)``, so that
+    :func:`rotate` is two multiplies and an add. Depends only on the positions and the rope kind,
+    so the model builds it once per forward and kind, and every layer of that kind shares it.
+    """
+    angles = positions.to(torch.float64)[:, None] * freqs.to(positions.device)  # [T, rd/2]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    return torch.stack((cos, cos), -1).flatten(-2), torch.stack((-sin, sin), -1).flatten(-2)
+
+
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False,
+) -> torch.Tensor:
+    """Rotate the last ``rd`` dims of ``x [T, ..., D]`` by a :func:`rope_table` ``[T, rd]``.
+
+    Rotated in the table's dtype; the non-rotary dims pass through unchanged. Returns a new
+    tensor in ``x.dtype``. Pair ``(a, b)`` becomes ``(a cos - b sin, b cos + a sin)``, which is
+    ``x * cos + swap(x) * sin`` with the table's signed ``sin``; ``inverse`` subtracts instead,
+    the rotation by the negated angle (``cos`` is even, ``sin`` odd, bit for bit).
+    """
+    rd = cos.shape[-1]
+    shape = (cos.shape[0], *([1] * (x.dim() - 2)), rd)
+    cos, sin = cos.view(shape), sin.view(shape)
+    rot = x[..., -rd:].to(cos.dtype)
+    swapped = rot.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) for each pair (a, b)
+    rotated = rot * cos - swapped * sin if inverse else rot * cos + swapped * sin
+    return torch.cat((x[..., :-rd], rotated.to(x.dtype)), dim=-1)
+
+
 def apply_rope(
     x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, *, inverse: bool = False,
 ) -> torch.Tensor:
@@ -47,14 +80,5 @@ def apply_rope(
     Computed in float64 angles, rotated in ``x``'s dtype (float32 at least); the non-rotary dims
     pass through unchanged. Returns a new tensor in ``x.dtype``.
     """
-    rd = 2 * freqs.shape[0]
-    angles = positions.to(torch.float64)[:, None] * freqs.to(positions.device)  # [T, rd/2]
-    if inverse:
-        angles = -angles
     compute = torch.promote_types(x.dtype, torch.float32)
-    cos = angles.cos().to(compute).view(angles.shape[0], *([1] * (x.dim() - 2)), -1)
-    sin = angles.sin().to(compute).view_as(cos)
-    rot = x[..., -rd:].to(compute).unflatten(-1, (-1, 2))
-    a, b = rot[..., 0], rot[..., 1]
-    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    return torch.cat((x[..., :-rd], rotated.to(x.dtype)), dim=-1)
+    return rotate(x, *rope_table(positions, freqs, compute), inverse=inverse)
