@@ -38,9 +38,12 @@ CONFIGS = {  # name -> Engine keyword arguments
     "all-on": dict(rollback="fused", draft_hc_head_impl="triton"),
 }
 PHASES = ("verify", "rollback", "draft-extend", "draft-decode")
-COLUMNS = ["preset", "batch", "config", "step_ms", "tokens_per_s", "mean_accept",
+COLUMNS = ["preset", "dtype", "batch", "config", "step_ms", "tokens_per_s", "mean_accept",
            "verify_graph_us", "extend_graph_us", "chain_graph_us", "rollback_host_us",
-           "rollback_kernel_us", "rollback_kernels", "kernels_per_step", "identical_to_greedy"]
+           "rollback_kernel_us", "rollback_span_us", "rollback_kernels", "kernels_per_step",
+           "identical_to_greedy"]
+GREEDY_COLUMNS = ["preset", "dtype", "batch", "decode_step_ms", "decode_graph_us",
+                  "tokens_per_s"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per request")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--name", default="e2e", help="results file stem")
 
 
 def forced_drafts(reference: dict[int, list[int]], vocab_size: int):
@@ -69,24 +74,26 @@ def forced_drafts(reference: dict[int, list[int]], vocab_size: int):
     return override
 
 
-def graph_replay_us(runner) -> float | None:
-    """Median device time of one replay of the runner's (single) captured graph."""
-    if not runner.captured():
-        return None
-    graph, _ = runner._graphs[runner.captured()[0]]
-    samples = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
+def replay_times_us(runners: dict[str, object], replays: int = 30) -> dict[str, float | None]:
+    """Median device time of one replay of each runner's captured graph (CUDA events), the
+    runners' replays interleaved so drifting clocks hit all alike."""
+    graphs = {k: r._graphs[r.captured()[0]][0] for k, r in runners.items() if r.captured()}
+    samples: dict[str, list[float]] = {k: [] for k in graphs}
+    for _ in range(replays):
+        for k, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples[k].append(start.elapsed_time(end) * 1e3)
+    return {k: statistics.median(samples[k]) if k in samples else None for k in runners}
 
 
-def profile_steps(engine: Engine, reqs: list[Request], steps: int = 2) -> tuple[float, int, int]:
-    """(rollback kernel µs per step, rollback kernels per step, kernels per step)."""
+def profile_steps(engine: Engine, reqs: list[Request], steps: int = 2) -> dict[str, float]:
+    """From the profiler's kernel records of ``steps`` steps: kernels per step, the rollback's
+    kernels and their summed time per step, and the rollback's span (first kernel start to last
+    kernel end, gaps between its kernels included) per step."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -94,76 +101,132 @@ def profile_steps(engine: Engine, reqs: list[Request], steps: int = 2) -> tuple[
         for _ in range(steps):
             engine.speculative_step(reqs)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    kernels = sorted((e for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA
+                      and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()),
+                     key=lambda e: e.time_range.start)
     rollback = [e for e in kernels if "c128" in e.name.lower()]
-    return (sum(e.device_time for e in rollback) / steps, len(rollback) // steps,
-            len(kernels) // steps)
+    per_step = len(rollback) // steps
+    spans = [rollback[i + per_step - 1].time_range.end - rollback[i].time_range.start
+             for i in range(0, per_step * steps, per_step)] if per_step else [0.0]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:80], []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {"kernels_per_step": len(kernels) / steps, "rollback_kernels": per_step,
+            "kernel_us_per_step": sum(e.device_time for e in kernels) / steps,
+            "top_kernels": [(k, len(v) / steps, sum(v) / steps) for k, v in top],
+            "rollback_kernel_us": sum(e.device_time for e in rollback) / steps,
+            "rollback_span_us": statistics.mean(spans)}
 
 
-def run_config(model, name: str, bs: int, prompts: list[list[int]], reference: list[list[int]],
-               args, sglang_clear) -> dict:
-    kw = dict(CONFIGS[name])
-    reqs = [Request(p, 10_000) for p in prompts]
-    engine = Engine(model, num_slots=bs, max_seq_len=args.prompt + len(reference[0]) + 2 * W,
-                    num_draft_tokens=W, buckets=(bs,), cuda_graphs=True,
-                    draft_override=forced_drafts({id(r): ref for r, ref in zip(reqs, reference)},
-                                                 model.cfg.vocab_size),
-                    **kw)
-    if name == "sglang" and sglang_clear is not None:
-        engine.state.c128.per_layer_clear = sglang_clear
-    engine.admit(reqs)
-    for _ in range(args.warmup):
-        engine.speculative_step(reqs)
-    engine.phase_seconds.clear()
-    engine.phase_events.clear()
-    emitted = sum(len(r.output) for r in reqs)
-    walls = []
-    for _ in range(args.steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        engine.speculative_step(reqs)
-        walls.append(time.perf_counter() - start)
-    tokens = sum(len(r.output) for r in reqs) - emitted
-    phase_device = {p: statistics.median(
-        s.elapsed_time(e) for s, e in engine.phase_events[p]) * 1e3
-        for p in PHASES if engine.phase_events.get(p)}
-    rollback_us, rollback_kernels, kernels = profile_steps(engine, reqs)
-    identical = all(r.output == ref[:len(r.output)] for r, ref in zip(reqs, reference))
-    accepts = [a for r in reqs for a in r.accept_lens[args.warmup:]]
-    row = {"config": name, "step_ms": statistics.median(walls) * 1e3,
-           "tokens_per_s": tokens / sum(walls), "mean_accept": statistics.mean(accepts),
-           "verify_graph_us": graph_replay_us(engine.verify.runner),
-           "extend_graph_us": graph_replay_us(engine.drafts.extend),
-           "chain_graph_us": graph_replay_us(engine.drafts.chain),
-           "rollback_host_us": engine_phase_wall_us(engine, "rollback"),
-           "rollback_kernel_us": rollback_us, "rollback_kernels": rollback_kernels,
-           "kernels_per_step": kernels, "identical_to_greedy": identical,
-           "phase_device_us": phase_device,
-           "phase_wall_us": {p: engine_phase_wall_us(engine, p) for p in PHASES}}
-    del engine
+def median_us(samples) -> float | None:
+    samples = list(samples)
+    return statistics.median(samples) * 1e6 if samples else None
+
+
+def run_batch(model, bs: int, prompts: list[list[int]], reference: list[list[int]], args,
+              sglang_clear) -> list[dict]:
+    """Every configuration at one batch size, side by side: engines built and warmed up, then
+    timed steps interleaved config by config (rotating the order), then graph replays."""
+    engines, requests = {}, {}
+    for name in args.configs:
+        reqs = [Request(p, 10_000) for p in prompts]
+        engine = Engine(model, num_slots=bs, max_seq_len=args.prompt + len(reference[0]) + 2 * W,
+                        num_draft_tokens=W, buckets=(bs,), cuda_graphs=True,
+                        draft_override=forced_drafts(
+                            {id(r): ref for r, ref in zip(reqs, reference)},
+                            model.cfg.vocab_size), **CONFIGS[name])
+        if name == "sglang" and sglang_clear is not None:
+            engine.state.c128.per_layer_clear = sglang_clear
+        engine.admit(reqs)
+        for _ in range(args.warmup):
+            engine.speculative_step(reqs)
+        for log in (engine.phase_seconds, engine.phase_walls, engine.phase_events):
+            log.clear()
+        engines[name], requests[name] = engine, reqs
+    names = list(engines)
+    walls: dict[str, list[float]] = {k: [] for k in names}
+    emitted = {k: sum(len(r.output) for r in requests[k]) for k in names}
+    for step in range(args.steps):
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engines[name].speculative_step(requests[name])
+            walls[name].append(time.perf_counter() - start)
+    replay = {part: replay_times_us({k: getattr(e.verify, "runner") if part == "verify"
+                                     else getattr(e.drafts, part) for k, e in engines.items()})
+              for part in ("verify", "extend", "chain")}
+    rows = []
+    for name in names:
+        engine, reqs = engines[name], requests[name]
+        tokens = sum(len(r.output) for r in reqs) - emitted[name]
+        identical = all(r.output == ref[:len(r.output)] for r, ref in zip(reqs, reference))
+        accepts = [a for r in reqs for a in r.accept_lens[args.warmup:]]
+        rows.append({
+            "config": name, "step_ms": statistics.median(walls[name]) * 1e3,
+            "tokens_per_s": tokens / sum(walls[name]), "mean_accept": statistics.mean(accepts),
+            "verify_graph_us": replay["verify"][name], "extend_graph_us": replay["extend"][name],
+            "chain_graph_us": replay["chain"][name],
+            "rollback_host_us": median_us(engine.phase_walls.get("rollback", ())),
+            **profile_steps(engine, reqs), "identical_to_greedy": identical,
+            "phase_wall_us": {p: median_us(engine.phase_walls.get(p, ())) for p in PHASES}})
+    del engines, requests
     gc.collect()
     torch.cuda.empty_cache()
-    return row
-
-
-def engine_phase_wall_us(engine: Engine, phase: str) -> float | None:
-    """Mean host wall time of a phase per timed step (µs); None if the phase did not run."""
-    n = len(engine.phase_events.get(phase, ()))
-    return engine.phase_seconds[phase] / n * 1e6 if n else None
+    return rows
 
 
 def greedy_reference(model, bs: int, prompts: list[list[int]], new_tokens: int
-                     ) -> tuple[list[list[int]], float]:
-    """Plain greedy outputs (decode graphs) and the decode step's wall time (ms)."""
+                     ) -> tuple[list[list[int]], dict]:
+    """Plain greedy outputs (decode graphs), the decode step's median wall time and the device
+    time of one decode graph replay."""
     reqs = [Request(p, new_tokens) for p in prompts]
     engine = Engine(model, num_slots=bs, max_seq_len=len(prompts[0]) + new_tokens + 2 * W,
                     buckets=(bs,), cuda_graphs=True)
     engine.generate(reqs)
-    steps = len(engine.phase_events["decode"])
-    step_ms = engine.phase_seconds["decode"] / steps * 1e3
+    walls = engine.phase_walls["decode"][2:]  # past the capture
+    timing = {"decode_step_ms": statistics.median(walls) * 1e3,
+              "decode_graph_us": replay_times_us({"decode": engine.decoder})["decode"]}
+    timing["tokens_per_s"] = bs / timing["decode_step_ms"] * 1e3
     del engine
-    return [r.output for r in reqs], step_ms
+    return [r.output for r in reqs], timing
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Per preset: the rollback's cost per step and the draft-extend graph per hc_head impl."""
+    plt = common.pyplot()
+    if plt is None or not rows:
+        return
+    presets = sorted({r["preset"] for r in rows})
+    fig, axes = plt.subplots(len(presets), 2, figsize=(11, 4 * len(presets)), squeeze=False)
+    for ax_row, name in zip(axes, presets):
+        mine = [r for r in rows if r["preset"] == name]
+        batches = sorted({r["batch"] for r in mine})
+
+        def series(config, key):
+            by_bs = {r["batch"]: r.get(key) for r in mine if r["config"] == config}
+            return [by_bs.get(b) or float("nan") for b in batches]
+
+        ax = ax_row[0]
+        for config, key, label in (
+                ("sglang", "rollback_host_us", "SGLang loop after the graph (host wall)"),
+                ("fused-after", "rollback_host_us", "fused after the graph (host wall)"),
+                ("loop-inside", "rollback_span_us", "loop inside the graph (device span)"),
+                ("all-on", "rollback_span_us", "fused inside the graph (device span)")):
+            ax.plot(batches, series(config, key), "o-", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="µs per step",
+               title=f"{name}: C128 rollback per step")
+        ax.legend(fontsize=8)
+        ax = ax_row[1]
+        for config, label in (("fused-inside/eager", "eager"),
+                              ("fused-inside/compiled", "compiled"), ("all-on", "triton")):
+            ax.plot(batches, series(config, "extend_graph_us"), "o-", label=label)
+        ax.set(xscale="log", xlabel="batch size", ylabel="µs (graph replay)",
+               title=f"{name}: draft-extend by draft hc_head")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -177,27 +240,28 @@ def main(args: argparse.Namespace) -> int:
     sglang_clear = peer.clear_unaccepted_c128_draft_states if peer else None
     rows, greedy_rows = [], []
     for preset_name in args.presets:
-        model = build(preset_name)
+        model = build(preset_name, getattr(torch, args.dtype))
         g = torch.Generator().manual_seed(0)
         for bs in args.batch:
             prompts = torch.randint(0, model.cfg.vocab_size, (bs, args.prompt),
                                     generator=g).tolist()
             new_tokens = 1 + W * (args.warmup + args.steps + 2) + W
-            reference, decode_ms = greedy_reference(model, bs, prompts, new_tokens)
-            greedy_rows.append({"preset": preset_name, "batch": bs, "decode_step_ms": decode_ms,
-                                "tokens_per_s": bs / decode_ms * 1e3})
-            for name in args.configs:
-                row = {"preset": preset_name, "batch": bs,
-                       **run_config(model, name, bs, prompts, reference, args, sglang_clear)}
-                rows.append(row)
-                common.print_table([row], COLUMNS)
+            reference, timing = greedy_reference(model, bs, prompts, new_tokens)
+            greedy_rows.append({"preset": preset_name, "dtype": args.dtype, "batch": bs,
+                                **timing})
+            common.print_table(greedy_rows[-1:], GREEDY_COLUMNS)
+            batch_rows = [{"preset": preset_name, "dtype": args.dtype, "batch": bs, **row}
+                          for row in run_batch(model, bs, prompts, reference, args,
+                                               sglang_clear)]
+            common.print_table(batch_rows, COLUMNS)
+            rows += batch_rows
         del model
         gc.collect()
         torch.cuda.empty_cache()
     payload = {"environment": env, "num_draft_tokens": W, "schedule": SCHEDULE,
                "sglang_kernel_in_loop": sglang_clear is not None, "greedy": greedy_rows}
-    common.write_results(args.out, "e2e", payload, rows, COLUMNS,
+    common.write_results(args.out, args.name, payload, rows, COLUMNS,
                          notes=(__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
-    print(common.markdown_table(greedy_rows, ["preset", "batch", "decode_step_ms",
-                                              "tokens_per_s"]))
+    plot(rows, f"{args.out}/{args.name}.png")
+    print(common.markdown_table(greedy_rows, GREEDY_COLUMNS))
     return 0

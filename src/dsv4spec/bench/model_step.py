@@ -33,10 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=256)
 
 
-def build(name: str, device: str = "cuda") -> Transformer:
+def build(name: str, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> Transformer:
     with torch.device(device):
         model = Transformer(preset(name))
-    return init_weights(model).requires_grad_(False).cast(torch.bfloat16)
+    return init_weights(model).requires_grad_(False).cast(dtype)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -95,6 +95,7 @@ class Engine:
         self.draft_override = draft_override
         self.on_step = on_step
         self.phase_seconds: dict[str, float] = defaultdict(float)
+        self.phase_walls: dict[str, list[float]] = defaultdict(list)
         self.phase_events: dict[str, list] = defaultdict(list)
         self.verify = self.drafts = None
         long = torch.long
@@ -111,8 +112,8 @@ class Engine:
 
     @contextlib.contextmanager
     def _phase(self, name: str):
-        """Wall time per phase, the device synchronised at both ends (so phases add up); on
-        CUDA also the device time between the phase's start and end (``phase_events``)."""
+        """Wall time per phase (total and per call), the device synchronised at both ends (so
+        phases add up); on CUDA also events at the phase's start and end (``phase_events``)."""
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
@@ -124,7 +125,9 @@ class Engine:
             events[1].record()
             torch.cuda.synchronize()
             self.phase_events[name].append(events)
-        self.phase_seconds[name] += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.phase_seconds[name] += elapsed
+        self.phase_walls[name].append(elapsed)
 
     # ------------------------------------------------------------------ phases
     def _check_room(self, rows, starts) -> None:
