@@ -130,6 +130,20 @@ def test_without_rollback_the_state_check_fails_but_outputs_do_not_change(model,
     assert any(v[0] == "not neutral" for v in violations)
 
 
+@pytest.mark.parametrize("rollback,inside", [("fused", False), ("loop", True), ("loop", False)],
+                         ids=["fused after", "loop inside", "loop after"])
+def test_every_rollback_placement_keeps_the_state_of_plain_decoding(model, greedy, rollback,
+                                                                     inside):
+    violations = []
+    reqs, engine = run(model, 4, rollback=rollback, rollback_in_verify=inside,
+                       on_step=c128_check(violations))
+    assert [r.output for r in reqs] == greedy[:3]
+    assert not violations, violations[:5]
+    assert engine.verify.rollback == inside
+    assert bool(engine.phase_walls.get("rollback")) == (not inside)
+    assert engine.state.c128.cleanup_impl == rollback
+
+
 def test_a_request_past_max_seq_len_is_refused(model):
     engine = Engine(model, num_slots=1, max_seq_len=16, num_draft_tokens=4)
     with pytest.raises(ValueError, match="max_seq_len"):

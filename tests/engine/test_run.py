@@ -23,6 +23,11 @@ def test_generate_json_speculative_equals_greedy(capsys):
     assert lens and all(1 <= a <= 4 for a in lens)
     assert abs(spec["mean_accept_len"] - sum(lens) / len(lens)) < 1e-12
     assert spec["text"][0] == decode(spec["tokens"][0])
+    sglang_like = generate(capsys, "--num-draft-tokens", "4", "--rollback", "loop",
+                           "--rollback-after-verify", "--draft-hc-head-impl", "eager")
+    assert sglang_like["tokens"] == plain["tokens"]
+    assert sglang_like["accept_lens"] == spec["accept_lens"]
+    assert "rollback" in sglang_like["phase_seconds"] and "rollback" not in spec["phase_seconds"]
 
 
 def test_trained_checkpoint_is_packaged_small_and_accepts_drafts(capsys):

@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
     parser.add_argument("--rollback", choices=ROLLBACKS, default="fused")
+    parser.add_argument("--rollback-after-verify", action="store_true",
+                        help="run the rollback after the verify step (SGLang's arrangement) "
+                        "instead of inside it")
+    parser.add_argument("--draft-hc-head-impl", choices=["auto", "eager", "compiled", "triton"],
+                        default=None, help="the MTP block's hc_head (default: as the target's)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="capture every decode-time phase per batch-size bucket (CUDA)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -59,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
     reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompt]
     max_len = max(len(r.prompt) for r in reqs) + args.max_new_tokens + 2 * max(W, 2)
     engine = Engine(model, num_slots=len(reqs), max_seq_len=max_len, num_draft_tokens=W,
-                    rollback=args.rollback)
+                    rollback=args.rollback, rollback_in_verify=not args.rollback_after_verify,
+                    draft_hc_head_impl=args.draft_hc_head_impl, cuda_graphs=args.cuda_graphs)
     bar = None
     if not args.json:
         try:
