@@ -30,6 +30,9 @@ test: setup
 bench: setup
 	$(PY) -m dsv4spec.cli bench cleanup --out benchmarks/results
 	$(PY) -m dsv4spec.cli bench hc-head --out benchmarks/results
+	$(PY) -m dsv4spec.cli bench eager-cost --out benchmarks/results
+	$(PY) -m dsv4spec.cli bench model-step --out benchmarks/results
+	$(PY) -m dsv4spec.cli bench e2e --out benchmarks/results
 
 lint: setup
 	$(PY) -m pip install -q ruff
