@@ -179,3 +179,27 @@ def test_greedy_accept_counts_leading_matches():
     greedy = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]])
     valid = torch.tensor([True, True, True, False])
     assert greedy_accept(tokens, greedy, valid).tolist() == [4, 2, 1, 4]
+
+
+def test_each_engine_uses_its_own_draft_hc_head_impl(monkeypatch):
+    """Two engines over one model: each engine's draft calls carry its own impl (no state is
+    left on the shared model); the target keeps the model's."""
+    import dsv4spec.model.model as model_module
+
+    m = init_weights(Transformer(preset("tiny")), seed=0).requires_grad_(False)  # float32
+    seen = []
+    real = model_module.hc_head_op
+
+    def spy(*args, impl, **kw):
+        seen.append(impl)
+        return real(*args, impl="eager", **kw)
+
+    monkeypatch.setattr(model_module, "hc_head_op", spy)
+    engines = {impl: Engine(m, num_slots=1, max_seq_len=64, num_draft_tokens=3,
+                            draft_hc_head_impl=impl) for impl in ("compiled", "triton")}
+    for impl, engine in engines.items():
+        seen.clear()
+        engine.generate([Request([1, 2, 3], 4)])
+        assert set(seen) == {m.hc_head_impl, impl}, (impl, seen)
+    with pytest.raises(ValueError, match="draft_hc_head_impl"):
+        Engine(m, num_slots=1, num_draft_tokens=3, draft_hc_head_impl="fast")

@@ -21,6 +21,7 @@ from dsv4spec.engine.draft import DraftRunner, draft_extend
 from dsv4spec.engine.graphs import BUCKETS, BucketRunner
 from dsv4spec.engine.verify import VerifyRunner
 from dsv4spec.model.model import Transformer
+from dsv4spec.ops.hc_head import IMPLS as HC_HEAD_IMPLS
 
 ROLLBACKS = ("fused", "loop", "none")
 
@@ -83,8 +84,10 @@ class Engine:
         self.model = model
         self.W = num_draft_tokens if num_draft_tokens >= 2 else 0
         self.rollback, self.rollback_in_verify = rollback, rollback_in_verify
-        if draft_hc_head_impl is not None:
-            model.draft_hc_head_impl = draft_hc_head_impl
+        if draft_hc_head_impl is not None and draft_hc_head_impl not in HC_HEAD_IMPLS:
+            raise ValueError(f"draft_hc_head_impl must be None or one of {HC_HEAD_IMPLS}, got "
+                             f"{draft_hc_head_impl!r}")
+        self.draft_hc_head_impl = draft_hc_head_impl
         self.device = model.embed.weight.device
         self.state = model.new_state(num_slots, max_seq_len, max(self.W, 2), self.device)
         self.state.c128.cleanup_impl = "loop" if rollback == "loop" else "fused"
@@ -108,7 +111,7 @@ class Engine:
             self.verify = VerifyRunner(model, self.state, self.W, rollback=inside,
                                        buckets=buckets, graphs=cuda_graphs)
             self.drafts = DraftRunner(model, self.state, self.W, buckets=buckets,
-                                      graphs=cuda_graphs)
+                                      graphs=cuda_graphs, hc_head_impl=draft_hc_head_impl)
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -182,7 +185,8 @@ class Engine:
                 toks, _ = _pad([r.prompt[1:] + [r.next_token] for r in reqs], self.device)
                 first, h = draft_extend(self.model, self.state, toks, hidden, slots,
                                         torch.zeros_like(lengths), lengths,
-                                        torch.tensor(last, device=self.device))
+                                        torch.tensor(last, device=self.device),
+                                        hc_head_impl=self.draft_hc_head_impl)
             self._draft_chain(reqs, first, h)
 
     def _decode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:

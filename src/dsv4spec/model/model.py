@@ -334,7 +334,6 @@ class Transformer(nn.Module):
         self.hc_head_scale = nn.Parameter(torch.ones(1))
         self.mtp = nn.ModuleList(MTPBlock(cfg) for _ in range(cfg.num_nextn_predict_layers))
         self.hc_head_impl = "auto"
-        self.draft_hc_head_impl: str | None = None  # the MTP block's; None: hc_head_impl
 
     def cast(self, dtype: torch.dtype) -> Transformer:
         """Cast to ``dtype`` (bf16 to serve), keeping in float32 what DSV4 stores in float32:
@@ -357,16 +356,13 @@ class Transformer(nn.Module):
             max_num_draft_tokens=max_num_draft_tokens, dtype=self.embed.weight.dtype,
             device=device if device is not None else self.embed.weight.device)
 
-    def _head(self, x: torch.Tensor, owner: nn.Module, norm: RMSNorm) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, owner: nn.Module, norm: RMSNorm, impl: str) -> torch.Tensor:
         cfg = self.cfg
         params = (owner.hc_head_fn, owner.hc_head_scale, owner.hc_head_base)
         eps = dict(norm_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps)
         if x.dtype == torch.float64:  # exact CPU runs: the op serves bf16/fp16/fp32 only
             y = hc_head_reference(x, *params, **eps)
         else:
-            impl = self.hc_head_impl
-            if owner is not self and self.draft_hc_head_impl is not None:
-                impl = self.draft_hc_head_impl
             y = hc_head_op(x, *params, **eps, impl=impl)
         return self.head(norm(y))
 
@@ -383,15 +379,16 @@ class Transformer(nn.Module):
         x = self.embed(tokens).view(B * n, 1, -1).expand(-1, hc, -1).contiguous()
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, state, i)
-        logits = self._head(x, self, self.norm)
+        logits = self._head(x, self, self.norm, self.hc_head_impl)
         return logits.view(B, n, -1), x.view(B, n, -1)
 
     def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, state: ModelState,
-              slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, *,
+              hc_head_impl: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP extend: ``tokens [B, n]`` (the next tokens) and the target's (or the previous
         draft step's) pre-hc_head ``hidden [B, n, hc * H]`` at the same positions. Returns the
-        draft logits and its own pre-hc_head hidden."""
+        draft logits and its own pre-hc_head hidden. ``hc_head_impl`` picks the MTP block's
+        hc_head (``None``: the model's ``hc_head_impl``)."""
         cfg, mtp = self.cfg, self.mtp[0]
         B, n = tokens.shape
         hc, H = cfg.hc_mult, cfg.hidden_size
@@ -399,7 +396,7 @@ class Transformer(nn.Module):
         e = mtp.e_proj(mtp.enorm(self.embed(tokens))).view(B * n, 1, H)
         x = e + mtp.h_proj(mtp.hnorm(hidden.view(B * n, hc, H)))
         x = mtp(x.to(self.embed.weight.dtype), batch, state, cfg.num_hidden_layers)
-        logits = self._head(x, mtp, mtp.norm)
+        logits = self._head(x, mtp, mtp.norm, hc_head_impl or self.hc_head_impl)
         return logits.view(B, n, -1), x.view(B, n, -1)
 
 
