@@ -2,7 +2,8 @@
 # Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e (default: the first five); cleanup:quick and
+#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32 (default: the
+#   first five); cleanup:quick and
 #   hc-head:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
@@ -37,6 +38,13 @@ for s in $STEPS; do
         > "$OUT/sanitizer_memcheck.log" 2>&1
       echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
       tail -8 "$OUT/sanitizer_memcheck.log" ;;
+    e2e-fp32)
+      # The lossless check at every (preset, bs) in float32, where decode and verify GEMMs do
+      # not flip near-tied greedy choices (bf16 does, with random weights: benchmarks/NOTES.md).
+      step "dsv4spec bench e2e --dtype float32"
+      $PY -m dsv4spec.cli bench e2e --dtype float32 --name e2e_fp32 --out "$OUT/results" 2>&1 \
+        | tee "$OUT/bench_e2e_fp32.log" | tail -40
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     eager-cost|cleanup|hc-head|model-step|e2e|cleanup:quick|hc-head:quick|e2e:quick)
       name=${s%:quick}
       flags=$([ "$s" != "$name" ] && echo --quick)
