@@ -40,7 +40,7 @@ def test_gpu_the_verify_graph_contains_the_fused_rollback():
                     cuda_graphs=True)
     engine.generate(reqs)
     (n,) = engine.verify.runner.captured()
-    graph, _ = engine.verify.runner._graphs[n]
+    graph = engine.verify.runner.graph(n)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         graph.replay()

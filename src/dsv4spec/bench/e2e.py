@@ -77,7 +77,7 @@ def forced_drafts(reference: dict[int, list[int]], vocab_size: int):
 def replay_times_us(runners: dict[str, object], replays: int = 30) -> dict[str, float | None]:
     """Median device time of one replay of each runner's captured graph (CUDA events), the
     runners' replays interleaved so drifting clocks hit all alike."""
-    graphs = {k: r._graphs[r.captured()[0]][0] for k, r in runners.items() if r.captured()}
+    graphs = {k: r.graph(r.captured()[0]) for k, r in runners.items() if r.captured()}
     samples: dict[str, list[float]] = {k: [] for k in graphs}
     for _ in range(replays):
         for k, graph in graphs.items():
@@ -142,8 +142,8 @@ def run_batch(model, bs: int, prompts: list[list[int]], reference: list[list[int
         engine.admit(reqs)
         for _ in range(args.warmup):
             engine.speculative_step(reqs)
-        for log in (engine.phase_seconds, engine.phase_walls, engine.phase_events):
-            log.clear()
+        engine.phase_walls.clear()
+        engine.phase_events.clear()
         engines[name], requests[name] = engine, reqs
     names = list(engines)
     walls: dict[str, list[float]] = {k: [] for k in names}
@@ -154,9 +154,10 @@ def run_batch(model, bs: int, prompts: list[list[int]], reference: list[list[int
             start = time.perf_counter()
             engines[name].speculative_step(requests[name])
             walls[name].append(time.perf_counter() - start)
-    replay = {part: replay_times_us({k: getattr(e.verify, "runner") if part == "verify"
-                                     else getattr(e.drafts, part) for k, e in engines.items()})
-              for part in ("verify", "extend", "chain")}
+    phase_runners = {"verify": lambda e: e.verify.runner, "extend": lambda e: e.drafts.extend,
+                     "chain": lambda e: e.drafts.chain}
+    replay = {part: replay_times_us({k: runner(e) for k, e in engines.items()})
+              for part, runner in phase_runners.items()}
     rows = []
     for name in names:
         engine, reqs = engines[name], requests[name]

@@ -97,7 +97,6 @@ class Engine:
         # requests) runs after every step (state checks).
         self.draft_override = draft_override
         self.on_step = on_step
-        self.phase_seconds: dict[str, float] = defaultdict(float)
         self.phase_walls: dict[str, list[float]] = defaultdict(list)
         self.phase_events: dict[str, list] = defaultdict(list)
         self.verify = self.drafts = None
@@ -115,8 +114,8 @@ class Engine:
 
     @contextlib.contextmanager
     def _phase(self, name: str):
-        """Wall time per phase (total and per call), the device synchronised at both ends (so
-        phases add up); on CUDA also events at the phase's start and end (``phase_events``)."""
+        """Wall time per call of a phase (``phase_walls``), the device synchronised at both ends
+        (so phases add up); on CUDA also events at the phase's start and end (``phase_events``)."""
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
@@ -128,19 +127,22 @@ class Engine:
             events[1].record()
             torch.cuda.synchronize()
             self.phase_events[name].append(events)
-        elapsed = time.perf_counter() - start
-        self.phase_seconds[name] += elapsed
-        self.phase_walls[name].append(elapsed)
+        self.phase_walls[name].append(time.perf_counter() - start)
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """Total wall time per phase."""
+        return {name: sum(walls) for name, walls in self.phase_walls.items()}
 
     # ------------------------------------------------------------------ phases
-    def _check_room(self, rows, starts) -> None:
-        end = max(s + len(r) for r, s in zip(rows, starts))
+    def _check_room(self, end: int) -> None:
+        """``end``: one past the last position a call writes (checked on the host: no sync)."""
         if end > self.state.max_seq_len:
             raise ValueError(f"a request reaches position {end}, past max_seq_len="
                              f"{self.state.max_seq_len} of the engine's state")
 
     def _target(self, reqs, rows, starts):
-        self._check_room(rows, starts)
+        self._check_room(max(s + len(r) for r, s in zip(rows, starts)))
         toks, lengths = _pad(rows, self.device)
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         return self.model(toks, self.state, slots, torch.tensor(starts, device=self.device),
@@ -152,7 +154,7 @@ class Engine:
     def _draft_chain(self, reqs, first, hidden):
         """``W - 2`` MTP decodes after the first drafts ``first [B]`` (the k-th at position
         ``length + k``, fed the previous draft and that draft step's hidden)."""
-        self._check_room([[0] * (self.W - 1)] * len(reqs), [r.length for r in reqs])
+        self._check_room(max(r.length for r in reqs) + self.W - 1)
         with self._phase("draft-decode"):
             starts = torch.tensor([r.length for r in reqs], device=self.device)
             valid = torch.ones(len(reqs), dtype=torch.bool, device=self.device)
@@ -197,7 +199,7 @@ class Engine:
     def decode_step(self, reqs: list[Request]) -> None:
         """Plain greedy: one target token per request (per bucket, in a graph if enabled)."""
         starts = [r.length for r in reqs]
-        self._check_room([[0]] * len(reqs), starts)
+        self._check_room(max(starts) + 1)
         with self._phase("decode"):
             (nxt,) = self.decoder(
                 tokens=torch.tensor([r.next_token for r in reqs], device=self.device),
@@ -215,7 +217,7 @@ class Engine:
         W = self.W
         starts = [r.length for r in reqs]
         rows = [[r.next_token] + r.drafts for r in reqs]
-        self._check_room(rows, starts)
+        self._check_room(max(starts) + W)
         tokens = torch.tensor(rows, device=self.device)
         slots = self._slots(reqs)
         starts_t = torch.tensor(starts, device=self.device)

@@ -79,6 +79,10 @@ class BucketRunner:
         """Buckets captured so far."""
         return sorted(self._graphs)
 
+    def graph(self, bucket: int) -> torch.cuda.CUDAGraph:
+        """The captured graph of ``bucket`` (replaying it reruns the step on the buffers)."""
+        return self._graphs[bucket][0]
+
     def __call__(self, **inputs: torch.Tensor) -> Outputs:
         """Copy ``inputs`` (each ``[B, ...]``, all buffers given) in, pad, run; outputs ``[:B]``."""
         if inputs.keys() != self.buffers.keys():
