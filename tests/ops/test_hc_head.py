@@ -274,6 +274,51 @@ def test_validation_without_norm_weight():
                 **args)
 
 
+def test_checked_parameters_are_checked_again_after_new_storage():
+    """The parameter checks are remembered per tensor: a weight given new storage of the wrong
+    shape or dtype (``param.data = ...``) must still be refused, naming it, before any launch."""
+    x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
+    hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")  # remembered
+    for name, tensor, bad in (("hc_fn", fn, torch.randn(4, 16)),
+                              ("hc_base", base, torch.rand(4, dtype=torch.float64)),
+                              ("norm_weight", nw, torch.rand(9))):
+        good = tensor.data
+        tensor.data = bad
+        with pytest.raises(ValueError, match=name):
+            hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
+        tensor.data = good
+    assert_close(hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"),
+                 hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), torch.float32)
+
+
+def test_checked_parameters_are_per_tensor():
+    """A call with other parameter tensors (another layer) is checked on its own."""
+    x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
+    hc_head(x, fn, sc, base, **EPS, impl="triton")
+    with pytest.raises(ValueError, match="hc_scale"):
+        hc_head(x, fn, torch.rand(2), base, **EPS, impl="triton")
+
+
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_reused_workspace_is_overwritten_every_call(rmsnorm, monkeypatch):
+    """Eager calls reuse one partials workspace per (stream, shape); every slot the finalize
+    reads is rewritten by each call, so a poisoned workspace and another input in between do not
+    change a result."""
+    from dsv4spec.kernels import hc_head as kernels
+
+    monkeypatch.setattr(kernels, "_WORKSPACES", {})
+    x, fn, sc, base, nw = make_inputs(3, 100, torch.bfloat16)
+    nw = nw if rmsnorm else None
+    first = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
+    workspaces = list(kernels._WORKSPACES.values())
+    assert len(workspaces) == 1  # that shape's workspace, kept
+    hc_head_triton(x * 2, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
+    workspaces[0].fill_(float("nan"))
+    again = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
+    assert torch.equal(again, first)
+    assert list(kernels._WORKSPACES.values()) == workspaces
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: real widths, bf16, eager vs Triton vs replay from a CUDA graph.
 

@@ -41,7 +41,7 @@ PHASES = ("verify", "rollback", "draft-extend", "draft-decode")
 COLUMNS = ["preset", "dtype", "batch", "config", "step_ms", "tokens_per_s", "mean_accept",
            "verify_graph_us", "extend_graph_us", "chain_graph_us", "rollback_host_us",
            "rollback_kernel_us", "rollback_span_us", "rollback_kernels", "kernels_per_step",
-           "identical_to_greedy"]
+           "identical_to_greedy", "identical_requests", "same_tokens_as"]
 GREEDY_COLUMNS = ["preset", "dtype", "batch", "decode_step_ms", "decode_graph_us",
                   "tokens_per_s"]
 
@@ -120,6 +120,13 @@ def profile_steps(engine: Engine, reqs: list[Request], steps: int = 2) -> dict[s
             "rollback_span_us": statistics.mean(spans)}
 
 
+def phase_device_us(engine: Engine, phase: str) -> float | None:
+    """Median device time of one phase inside the timed steps (CUDA events at its ends), unlike
+    ``replay_times_us``, which replays a graph alone."""
+    events = engine.phase_events.get(phase, ())
+    return statistics.median(a.elapsed_time(b) for a, b in events) * 1e3 if events else None
+
+
 def median_us(samples) -> float | None:
     samples = list(samples)
     return statistics.median(samples) * 1e6 if samples else None
@@ -162,7 +169,9 @@ def run_batch(model, bs: int, prompts: list[list[int]], reference: list[list[int
     for name in names:
         engine, reqs = engines[name], requests[name]
         tokens = sum(len(r.output) for r in reqs) - emitted[name]
-        identical = all(r.output == ref[:len(r.output)] for r, ref in zip(reqs, reference))
+        matches = [r.output == ref[:len(r.output)] for r, ref in zip(reqs, reference)]
+        divergences = [next(i for i, (a, b) in enumerate(zip(r.output, ref)) if a != b)
+                       for r, ref, same in zip(reqs, reference, matches) if not same]
         accepts = [a for r in reqs for a in r.accept_lens[args.warmup:]]
         rows.append({
             "config": name, "step_ms": statistics.median(walls[name]) * 1e3,
@@ -170,8 +179,13 @@ def run_batch(model, bs: int, prompts: list[list[int]], reference: list[list[int
             "verify_graph_us": replay["verify"][name], "extend_graph_us": replay["extend"][name],
             "chain_graph_us": replay["chain"][name],
             "rollback_host_us": median_us(engine.phase_walls.get("rollback", ())),
-            **profile_steps(engine, reqs), "identical_to_greedy": identical,
-            "phase_wall_us": {p: median_us(engine.phase_walls.get(p, ())) for p in PHASES}})
+            **profile_steps(engine, reqs), "identical_to_greedy": all(matches),
+            "identical_requests": sum(matches),
+            "first_divergence": min(divergences) if divergences else None,
+            "same_tokens_as": next(k for k in names
+                                   if [r.output for r in requests[k]] == [r.output for r in reqs]),
+            "phase_wall_us": {p: median_us(engine.phase_walls.get(p, ())) for p in PHASES},
+            "phase_device_us": {p: phase_device_us(engine, p) for p in PHASES}})
     del engines, requests
     gc.collect()
     torch.cuda.empty_cache()

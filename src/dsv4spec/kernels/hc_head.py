@@ -227,6 +227,29 @@ _PARTIALS = LaunchCache(_hc_head_partials_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once
 _DIRECT: dict = {}
+# (device index, raw stream, ws shape) -> the fp32 workspace eager calls on that stream reuse.
+# Safe because calls on one stream run in order and the partials overwrite every slot the
+# finalize reads; a call on another stream gets its own, and a call being captured into a CUDA
+# graph allocates from the graph's pool instead (its replays must not share an eager buffer).
+_WORKSPACES: dict = {}
+WORKSPACE_CACHE_LIMIT = 64  # distinct (stream, shape) entries kept; beyond it, allocate per call
+
+
+def _workspace(x: torch.Tensor, shape: tuple, device_index: int) -> torch.Tensor:
+    """The partials workspace: reused per (stream, shape) in eager calls (an eager call is
+    launch-bound, and an allocation costs as much host time as a launch)."""
+    if device_index >= 0:
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return x.new_empty(shape, dtype=torch.float32)
+        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), shape)
+    else:
+        key = (device_index, 0, shape)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = x.new_empty(shape, dtype=torch.float32)
+        if len(_WORKSPACES) < WORKSPACE_CACHE_LIMIT:
+            _WORKSPACES[key] = ws
+    return ws
 
 
 def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
@@ -292,7 +315,9 @@ def hc_head_triton(
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits`` and ``block_h`` override the tiling.
     After the first call of a shape, eager calls launch the cached compiled kernels directly
-    (:class:`~dsv4spec.kernels.launch.LaunchCache`): two allocations, two launches.
+    (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
+    workspace is reused per stream and shape, except while a CUDA graph is captured), two
+    launches.
     """
     T, hc, H = x.shape
     # The cached launches bind the strides: they hold for contiguous tensors only.
@@ -301,7 +326,7 @@ def hc_head_triton(
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h)
-    ws = x.new_empty(ws_shape, dtype=torch.float32)
+    ws = _workspace(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))
     elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
