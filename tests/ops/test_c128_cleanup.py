@@ -234,6 +234,53 @@ def test_stale_table_detected_and_refreshed():
         assert_bit_identical(s, e, "after refresh")
 
 
+def test_graphed_clear_reads_its_buffers_and_pads_with_nothing():
+    """The static-buffer clear (a CUDA graph on GPU, the plain clear on CPU) clears what its
+    buffers name; rows left at their initial values clear nothing; refresh onto new buffers of
+    the same layout keeps the same object working on them."""
+    ring, num_draft, batch = 4, 4, 3
+    states = random_states(3, 6 * ring + 1, 5, torch.float32)
+    cleanup = C128DraftCleanup(states, ring_size=ring)
+    graph = cleanup.graphed(batch, num_draft)
+    assert cleanup.graphed(batch, num_draft) is graph
+    assert graph.accept_lens.tolist() == [num_draft] * batch
+    before = [s.clone() for s in states]
+    graph.replay()  # initial values: nothing cleared
+    for s, b in zip(states, before):
+        assert_bit_identical(s, b, "initial buffers")
+    idx, seq, acc = random_batch(batch - 1, 6, ring, num_draft, torch.int32, seed=5)
+    graph.req_pool_indices[:2].copy_(idx)  # the last row stays padding
+    graph.seq_lens[:2].copy_(seq)
+    graph.accept_lens[:2].copy_(acc)
+    expected = reference_of(states, idx, seq, acc, ring, num_draft)
+    graph.replay()
+    for i, (s, e) in enumerate(zip(states, expected)):
+        assert_bit_identical(s, e, f"state {i}")
+    new = random_states(3, 6 * ring + 1, 5, torch.float32, seed=9)
+    old = [s.clone() for s in states]
+    cleanup.refresh(new)
+    assert cleanup.graphed(batch, num_draft) is graph  # same layout: kept
+    expected = reference_of(new, idx, seq, acc, ring, num_draft)
+    graph.replay()
+    for i, (s, e, o) in enumerate(zip(new, expected, old)):
+        assert_bit_identical(s, e, f"new state {i}")
+        assert_bit_identical(states[i], o, f"old state {i}")
+    cleanup.refresh(random_states(2, 6 * ring + 1, 5, torch.float32))
+    assert cleanup.graphed(batch, num_draft) is not graph  # other layout: captured again
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((0, 4), ValueError, "batch_size"),
+    ((2, 9), ValueError, "num_draft_tokens"),
+    ((2, 0), ValueError, "num_draft_tokens"),
+    ((2, 4, torch.float32), TypeError, "index_dtype"),
+])
+def test_graphed_clear_validation(args, error, match):
+    cleanup = C128DraftCleanup(random_states(2, 9, 3, torch.float32), ring_size=4)
+    with pytest.raises(error, match=match):
+        cleanup.graphed(*args)
+
+
 # ---------------------------------------------------------------------- validation, one rule each
 
 
@@ -470,3 +517,36 @@ def test_gpu_repeated_clears_on_one_helper(dtype):
         cleanup.clear(idx, seq, acc, num_draft_tokens=num_draft)
         for i, (s, e) in enumerate(zip(states, expected)):
             assert_bit_identical(s, e, f"step {step} state {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_clear_after_refresh_batch_and_draft_changes():
+    """Static-buffer graph replays equal the reference at DSV4-Pro geometry, launch one kernel
+    per replay, keep working after refresh() onto new buffers, and stay separate per batch size
+    and num_draft_tokens."""
+    from dsv4spec.bench.common import count_kernels
+
+    num_slots = 10
+    rows = num_slots * PRO["ring"] + PRO["ring"] + 1
+    states = random_states(PRO["num_states"], rows, PRO["half"], torch.bfloat16, "cuda", seed=1)
+    cleanup = C128DraftCleanup(states, ring_size=PRO["ring"])
+    graphs = {(b, w): cleanup.graphed(b, w) for b, w in ((1, 4), (8, 4), (8, 6))}
+    for step, (b, w) in enumerate([(1, 4), (8, 4), (8, 6), (1, 4), (8, 6)]):
+        if step == 3:
+            old, old_before = states, [s.clone() for s in states]
+            states = random_states(PRO["num_states"], rows, PRO["half"], torch.bfloat16, "cuda",
+                                   seed=2)
+            cleanup.refresh(states)
+        graph = graphs[b, w]
+        idx, seq, acc = random_batch(b, num_slots, PRO["ring"], w, torch.int32, "cuda",
+                                     seed=step, near_wrap=step % 2 == 0)
+        for buffer, value in zip((graph.req_pool_indices, graph.seq_lens, graph.accept_lens),
+                                 (idx, seq, acc)):
+            buffer.copy_(value)
+        expected = reference_of(states, idx, seq, acc, PRO["ring"], w)
+        assert count_kernels(graph.replay) == 1  # replays are idempotent: runs may repeat
+        torch.cuda.synchronize()
+        for i, (s, e) in enumerate(zip(states, expected)):
+            assert_bit_identical(s, e, f"step {step} state {i}")
+    for i, (s, b) in enumerate(zip(old, old_before)):
+        assert_bit_identical(s, b, f"old state {i} after refresh")

@@ -7,7 +7,9 @@ the call is host-bound. Pieces: a small ``torch.empty``; an
 empty Triton kernel through ``kernel[grid](...)`` and through the cached compiled kernel
 (``LaunchCache``); hc_head's input checks; its launcher through Triton's dispatcher and through the
 cache; the ``torch.library`` op around it; the public op; SGLang's ``fused_hc_head`` (with
-``--peer sglang``); ``C128DraftCleanup.clear`` both ways and a CUDA-graph replay of it. A cProfile
+``--peer sglang``); ``C128DraftCleanup.clear`` both ways, a CUDA-graph replay of it, and
+``C128DraftCleanup.graphed`` (static index buffers + graph) with and without a copy into its
+buffers. A cProfile
 of the dispatcher path is written beside the results (``eager_cost_profile.txt``).
 """
 
@@ -101,6 +103,17 @@ def main(args: argparse.Namespace) -> int:
     add("C128DraftCleanup.clear (31, 1, 4), Triton dispatcher", case.run_fused_dispatch)
     graph = replay_of(case.run_fused)
     add("CUDA-graph replay of that clear", graph.replay)
+    graphed = case.fused.graphed(1, case.num_draft)
+    for buffer, value in zip((graphed.req_pool_indices, graphed.seq_lens, graphed.accept_lens),
+                             (case.idx, case.seq, case.acc)):
+        buffer.copy_(value)
+    add("C128DraftCleanup.graphed(1, 4).replay() (indices written in place)", graphed.replay)
+
+    def copy_then_replay():
+        graphed.accept_lens.copy_(case.acc)
+        graphed.replay()
+
+    add("accept_lens.copy_ + graphed replay (indices from elsewhere)", copy_then_replay)
 
     x, fn, sc, base, _ = make_inputs(4, H)
     profiler = cProfile.Profile()

@@ -1,12 +1,14 @@
 """Public ops: references, Triton dispatch and validated helpers."""
 
 from dsv4spec.ops.c128_cleanup import (
+    C128CleanupGraph,
     C128DraftCleanup,
     clear_unaccepted_c128_draft_states,
     clear_unaccepted_c128_draft_states_reference,
 )
 
 __all__ = [
+    "C128CleanupGraph",
     "C128DraftCleanup",
     "clear_unaccepted_c128_draft_states",
     "clear_unaccepted_c128_draft_states_reference",

@@ -202,10 +202,20 @@ class C128DraftCleanup:
         self.refresh(states)
 
     def refresh(self, states: Sequence[torch.Tensor] | None = None) -> None:
-        """Re-validate and rebuild the pointer table (after a state was reallocated)."""
+        """Re-validate and rebuild the pointer table (after a state was reallocated).
+
+        When the states keep their count, shape, dtype and device, the new addresses are written
+        into the existing table in place, so CUDA graphs that captured :meth:`clear` (the
+        caller's, and :meth:`graphed`'s) clear the new states on their next replay. Otherwise
+        a new table is built, and graphs captured before must be captured again (:meth:`graphed`
+        drops its own).
+        """
         states = list(self._states if states is None else states)
         self._validate(states)
         first = states[0]
+        pointers = [t.data_ptr() for t in states]
+        old = getattr(self, "_layout", None)
+        self._layout = (len(states), tuple(first.shape), first.dtype, first.device)
         self._states = states
         self.num_states = len(states)
         self.num_rows, self.width = first.shape
@@ -213,8 +223,13 @@ class C128DraftCleanup:
         self.dtype = first.dtype
         self.device = first.device
         self.backend = "triton" if triton_runs_on(self.device) else "torch"
-        self._pointers = [t.data_ptr() for t in states]
-        self.table = torch.tensor(self._pointers, dtype=torch.int64, device=self.device)
+        self._pointers = pointers
+        new_table = torch.tensor(pointers, dtype=torch.int64, device=self.device)
+        if old == self._layout:
+            self.table.copy_(new_table)
+        else:
+            self.table = new_table
+            self._graphs: dict = {}
 
     def _validate(self, states: list[torch.Tensor]) -> None:
         if len(states) == 0:
@@ -281,3 +296,75 @@ class C128DraftCleanup:
         c128_cleanup_fused_triton(
             self.table, self.dtype, self.num_states, self.num_rows, self.half, self.ring_size,
             req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+
+    def graphed(self, batch_size: int, num_draft_tokens: int,
+                index_dtype: torch.dtype = torch.int32) -> C128CleanupGraph:
+        """The clear for one (batch size, ``num_draft_tokens``) over static index buffers, as a
+        CUDA graph: for eager callers that can write their indices into those buffers, e.g. as
+        the ``out=`` of the ops that compute them, one replay instead of a launch. Cached per
+        arguments; see :class:`C128CleanupGraph`."""
+        key = (batch_size, num_draft_tokens, index_dtype)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = C128CleanupGraph(self, batch_size, num_draft_tokens,
+                                                         index_dtype)
+        return graph
+
+
+class C128CleanupGraph:
+    """:meth:`C128DraftCleanup.clear` over static index buffers, captured in a CUDA graph.
+
+    Write ``req_pool_indices``, ``seq_lens`` and ``accept_lens`` (``[batch_size]``, on the states'
+    device), then call :meth:`replay`. A replay costs one graph launch and reads the buffers'
+    values at that time: no checks, no allocation, nothing rebuilt. Rows the caller leaves
+    at their initial values (slot 0, length 0, ``accept_lens = num_draft_tokens``) clear nothing,
+    so a smaller batch can pad. Values are the caller's to keep in range: out-of-range rows are
+    skipped by the kernel, as in :meth:`C128DraftCleanup.clear`. Where no CUDA graph can be
+    captured (CPU), :meth:`replay` runs that clear on the same buffers.
+
+    Get one from :meth:`C128DraftCleanup.graphed` (it is captured there, so do that before
+    capturing graphs of your own). After :meth:`C128DraftCleanup.refresh` it clears the new
+    states (the pointer table is updated in place) unless their layout changed; then ask
+    ``graphed`` again.
+    """
+
+    def __init__(self, cleanup: C128DraftCleanup, batch_size: int, num_draft_tokens: int,
+                 index_dtype: torch.dtype = torch.int32) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(num_draft_tokens, int) or not (
+                1 <= num_draft_tokens <= cleanup.max_num_draft_tokens):
+            raise ValueError(f"num_draft_tokens must be an int in [1, max_num_draft_tokens="
+                             f"{cleanup.max_num_draft_tokens}], got {num_draft_tokens!r}")
+        if index_dtype not in INDEX_DTYPES:
+            raise TypeError(f"index_dtype must be int32 or int64, got {index_dtype}")
+        self.cleanup = cleanup
+        self.batch_size = batch_size
+        self.num_draft_tokens = num_draft_tokens
+        device = cleanup.device
+        self.req_pool_indices = torch.zeros(batch_size, dtype=index_dtype, device=device)
+        self.seq_lens = torch.zeros(batch_size, dtype=index_dtype, device=device)
+        self.accept_lens = torch.full((batch_size,), num_draft_tokens, dtype=index_dtype,
+                                      device=device)
+        self._graph = None
+        if device.type == "cuda" and cleanup.backend == "triton":
+            # Warm up (compiles, and clears nothing: every row accepts all) on a side stream.
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                self._clear()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._clear()
+
+    def _clear(self) -> None:
+        self.cleanup.clear(self.req_pool_indices, self.seq_lens, self.accept_lens,
+                           num_draft_tokens=self.num_draft_tokens)
+
+    def replay(self) -> None:
+        """Clear the rows the buffers' current values name, in every state."""
+        if self._graph is None:
+            self._clear()
+        else:
+            self._graph.replay()
