@@ -165,18 +165,32 @@ def test_eager_call_skips_the_library_op_but_tracing_uses_it(monkeypatch):
     assert not ops_hc_head._direct_call_ok(x)
 
 
+@pytest.mark.parametrize("partials_2d", [False, True], ids=["per-chunk sums", "2-D sums"])
+@pytest.mark.parametrize("eps", EPS_SETS)
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
-def test_triton_tiling_loops_and_masked_splits(rmsnorm):
+def test_triton_tiling_loops_and_masked_splits(rmsnorm, eps, partials_2d):
     # 16-wide chunks: 7 chunks over H=100, 2 splits of 4 chunks (the last one partly past H),
-    # 4 H-blocks of 32 with a masked tail.
+    # 4 H-blocks of 32 with a masked tail; 4-token blocks, the second one partly past T.
     x, fn, sc, base, nw = make_inputs(5, 100, torch.float32)
     nw = nw if rmsnorm else None
-    out = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, nw, block_k=16, num_splits=2, block_h=32)
+    out = hc_head_triton(x, fn, sc, base, eps["norm_eps"], eps["hc_eps"], nw, block_k=16,
+                         num_splits=2, block_h=32, partials_2d=partials_2d, block_t=4)
     if rmsnorm:
-        ref = hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS)
+        ref = hc_head_rmsnorm_reference(x, fn, sc, base, nw, **eps)
     else:
-        ref = hc_head_reference(x, fn, sc, base, **EPS)
+        ref = hc_head_reference(x, fn, sc, base, **eps)
     assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_2d_partials_in_bf16_match_reference(rmsnorm):
+    x, fn, sc, base, nw = make_inputs(9, 100, torch.bfloat16)
+    nw = nw if rmsnorm else None
+    out = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, nw, block_k=32, partials_2d=True)
+    if rmsnorm:
+        assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), torch.bfloat16, 2)
+    else:
+        assert_close(out, hc_head_reference(x, fn, sc, base, **EPS), torch.bfloat16)
 
 
 def test_auto_is_triton_in_the_interpreter_and_keeps_leading_dims():
@@ -402,8 +416,11 @@ def test_gpu_kernels_per_call(T):
 def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
     """The cached compiled kernels (direct launches) give bit-identical output to Triton's own
     dispatch, across T, widths, an unaligned x view and large epsilons."""
-    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS
+    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS, _PARTIALS_2D
     from dsv4spec.kernels.launch import LaunchCache
+
+    def launches():
+        return sum(c.direct_launches for c in (_PARTIALS, _PARTIALS_2D, _FINALIZE))
 
     for H in (4096, 7168):
         for T in (1, 4, 64, 1024):
@@ -421,8 +438,8 @@ def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
                 with LaunchCache.disabled():
                     expected = call()
                 call()  # fills the cache
-                direct = _PARTIALS.direct_launches + _FINALIZE.direct_launches
+                direct = launches()
                 out = call()
-                assert _PARTIALS.direct_launches + _FINALIZE.direct_launches == direct + 2
+                assert launches() == direct + 2
                 torch.cuda.synchronize()
                 assert torch.equal(out, expected), (H, T, eps)

@@ -112,6 +112,90 @@ def _hc_head_partials_kernel(
 
 
 @triton.jit
+def _hc_head_partials_2d_kernel(
+    x_ptr, fn_ptr, ws_ptr,
+    T, H, NUM_SPLITS,
+    stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
+    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # The partials of _hc_head_partials_kernel with [BLOCK_T, BLOCK_K] accumulators: each chunk
+    # costs FMAs only, and the cross-thread reductions run once per program instead of once per
+    # chunk (for large T, where a program loops over several chunks).
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask_t = offs_t < T
+    rows = x_ptr + offs_t[:, None] * stride_xt
+    m0 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    m1 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    m3 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    g00 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    g11 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    g22 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    g33 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    if GRAM:
+        g01 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        g02 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        g03 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        g12 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        g13 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        g23 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    for c in range(0, CHUNKS_PER_SPLIT):
+        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        mask = mask_t[:, None] & mask_h[None, :]
+        ptrs = rows + offs_h[None, :]
+        x0 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(ptrs + stride_xs, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(ptrs + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
+        x3 = tl.load(ptrs + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(4):
+            f = fn_ptr + j * stride_fn + offs_h
+            f0 = tl.load(f, mask=mask_h, other=0.0)[None, :]
+            f1 = tl.load(f + H, mask=mask_h, other=0.0)[None, :]
+            f2 = tl.load(f + 2 * H, mask=mask_h, other=0.0)[None, :]
+            f3 = tl.load(f + 3 * H, mask=mask_h, other=0.0)[None, :]
+            term = x0 * f0 + x1 * f1 + x2 * f2 + x3 * f3
+            if j == 0:
+                m0 += term
+            elif j == 1:
+                m1 += term
+            elif j == 2:
+                m2 += term
+            else:
+                m3 += term
+        g00 += x0 * x0
+        g11 += x1 * x1
+        g22 += x2 * x2
+        g33 += x3 * x3
+        if GRAM:
+            g01 += x0 * x1
+            g02 += x0 * x2
+            g03 += x0 * x3
+            g12 += x1 * x2
+            g13 += x1 * x3
+            g23 += x2 * x3
+    ws = ws_ptr + offs_t * stride_wt + split
+    tl.store(ws, tl.sum(m0, axis=1), mask=mask_t)
+    tl.store(ws + stride_wk, tl.sum(m1, axis=1), mask=mask_t)
+    tl.store(ws + 2 * stride_wk, tl.sum(m2, axis=1), mask=mask_t)
+    tl.store(ws + 3 * stride_wk, tl.sum(m3, axis=1), mask=mask_t)
+    tl.store(ws + 4 * stride_wk, tl.sum(g00, axis=1), mask=mask_t)
+    tl.store(ws + 5 * stride_wk, tl.sum(g11, axis=1), mask=mask_t)
+    tl.store(ws + 6 * stride_wk, tl.sum(g22, axis=1), mask=mask_t)
+    tl.store(ws + 7 * stride_wk, tl.sum(g33, axis=1), mask=mask_t)
+    if GRAM:
+        tl.store(ws + 8 * stride_wk, tl.sum(g01, axis=1), mask=mask_t)
+        tl.store(ws + 9 * stride_wk, tl.sum(g02, axis=1), mask=mask_t)
+        tl.store(ws + 10 * stride_wk, tl.sum(g03, axis=1), mask=mask_t)
+        tl.store(ws + 11 * stride_wk, tl.sum(g12, axis=1), mask=mask_t)
+        tl.store(ws + 12 * stride_wk, tl.sum(g13, axis=1), mask=mask_t)
+        tl.store(ws + 13 * stride_wk, tl.sum(g23, axis=1), mask=mask_t)
+
+
+@triton.jit
 def _round_to(y, DTYPE: tl.constexpr):
     # fp32 -> DTYPE, round to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16, so
     # bf16 is rounded by hand (then the cast is exact): the interpreter and the GPU agree.
@@ -196,14 +280,19 @@ class _Config(NamedTuple):
     chunks_per_split: int
     num_splits: int
     block_h: int
+    partials_2d: bool = False  # _hc_head_partials_2d_kernel instead of _hc_head_partials_kernel
 
 
-def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None) -> _Config:
+def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
+                    partials_2d=None, block_t=None) -> _Config:
     # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
     # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
     # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
     # H = 7168 (scripts/tune_hc_head.py).
-    block_t = min(triton.next_power_of_2(T), 8)
+    if block_t is None:
+        block_t = min(triton.next_power_of_2(T), 8)
+    if partials_2d is None:
+        partials_2d = False
     if block_k is None:
         block_k = 64 if T <= 4 else 128 if T <= 32 else 256
     n_chunks = triton.cdiv(H, block_k)
@@ -214,7 +303,7 @@ def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None) 
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_h is None:
         block_h = 128 if T <= 8 else 1024 if T <= 128 else 512
-    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h)
+    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, partials_2d)
 
 
 def _num_warps(T: int) -> tuple[int, int]:
@@ -224,6 +313,7 @@ def _num_warps(T: int) -> tuple[int, int]:
 
 
 _PARTIALS = LaunchCache(_hc_head_partials_kernel)
+_PARTIALS_2D = LaunchCache(_hc_head_partials_2d_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once
 _DIRECT: dict = {}
@@ -259,7 +349,7 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
     if key is None:
         key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
                alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
-    _PARTIALS.launch(
+    (_PARTIALS_2D if cfg.partials_2d else _PARTIALS).launch(
         key, grid,
         (x, hc_fn, ws, T, H, cfg.num_splits,
          x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1)),
@@ -291,8 +381,12 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h):
-    cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h)
+def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
+          partials_2d=None, block_t=None, warps=None):
+    cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
+                          partials_2d, block_t)
+    if warps is not None:
+        return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), warps
     return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), _num_warps(T)
 
 
@@ -309,11 +403,15 @@ def hc_head_triton(
     block_k: int | None = None,
     num_splits: int | None = None,
     block_h: int | None = None,
+    partials_2d: bool | None = None,
+    block_t: int | None = None,
+    warps: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
 
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
-    ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits`` and ``block_h`` override the tiling.
+    ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits``, ``block_h``, ``partials_2d``,
+    ``block_t`` and ``warps`` (partials, finalize) override the tiling.
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
     workspace is reused per stream and shape, except while a CUDA graph is captured), two
@@ -325,7 +423,8 @@ def hc_head_triton(
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
-    cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h)
+    cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
+                                 partials_2d, block_t, warps)
     ws = _workspace(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))
@@ -345,7 +444,8 @@ def hc_head_triton(
     _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
     _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
                      key)
-    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
+    partials = (_PARTIALS_2D if cfg.partials_2d else _PARTIALS).get(key)
+    finalize = _FINALIZE.get(key)
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
     return out
