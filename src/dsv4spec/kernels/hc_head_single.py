@@ -43,17 +43,26 @@ Constraints:
   them all.
 
 Memory ordering (what the GPU must confirm; the interpreter runs programs one after another):
-Triton 3.6 lowers a scalar ``atomic_add`` to one ``atom.acq_rel.gpu`` executed by one thread, its
-result broadcast through shared memory behind a barrier. The explicit ``tl.debug_barrier()``
-(``bar.sync``) before it orders the other threads' partial stores before that release, as CUDA's
-grid sync does (``__syncthreads(); if (tid == 0) { fence; atomic; }``); in the last program the
-broadcast's barrier orders every thread's workspace loads after the acquire.
+the PTX that Triton 3.6 emits for sm_90a (compiled on a CPU host, H = 7168) has, after the partial
+stores, ``bar.sync 0`` (the explicit ``tl.debug_barrier()``), then
+``atom.global.gpu.acq_rel.add.u32`` predicated on thread 0, ``st.shared`` of its result,
+``bar.sync 0`` and ``ld.shared`` in every thread: CUDA's grid-sync shape
+(``__syncthreads(); if (tid == 0) { fence; atomic; }``), so the other threads' partial stores
+are ordered before thread 0's GPU-scope release, and every thread's workspace loads
+(``ld.global.cg``) after its acquire. Triton 3.6 puts no barrier before a scalar atomic by itself
+(later versions add CTA barriers around release/acquire scalar atomics): without the explicit
+one a token block with several storing threads (BLOCK_T > 1) could publish its count early.
 
 Trade-off: the last program of a token block finalises alone, serially over H. At T = 1,
-H = 7168 it reads 57 KB of x (and the ~3 KB of partials) from L2 in ceil(H / BLOCK_H) round trips
-of one SM, where the two-launch finalize spreads that over ~56 programs; and it starts only after
-the slowest split's atomic. Larger T multiplies the serial part (T = 8: 459 KB through one SM), so
-this variant is meant for T <= 8; it is correct for any T > 0 (8-token blocks, one counter each).
+H = 7168 it reads 57 KB of x (and 3.6 KB of partials, 6.3 KB with the norm) from L2 through one
+SM in ceil(H / BLOCK_H) blocks, where the two-launch finalize spreads that over ~56 programs;
+the loop is software-pipelined (``num_stages``: cp.async through shared memory, NUM_STAGES - 1
+blocks in flight) to cut the serial round trips. It starts only after the slowest split's
+atomic. Larger T multiplies the serial part (T = 8: 459 KB through one SM), so this variant is
+meant for T <= 8; it is correct for any T > 0 (8-token blocks, one counter each).
+
+The partials workspace is reused per (device, stream, shape) in eager calls, as in
+``hc_head_triton`` (fresh, from the graph's pool, while a CUDA graph is captured).
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ def _hc_head_single_kernel(
     stride_xt, stride_xs, stride_fn, stride_wt, stride_wk, stride_ot,
     RMSNORM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    NUM_HBLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     split = pid % NUM_SPLITS
@@ -198,22 +208,25 @@ def _hc_head_single_kernel(
                          + w2 * w3 * t23)
             rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
         out_rows = out_ptr + offs_t[:, None] * stride_ot
-        for h0 in range(0, H, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            mask_h = offs_h < H
-            mask = mask_t[:, None] & mask_h[None, :]
-            xr = rows + offs_h[None, :]
-            y = w0[:, None] * tl.load(xr, mask=mask, other=0.0).to(tl.float32)
-            y += w1[:, None] * tl.load(xr + stride_xs, mask=mask, other=0.0).to(tl.float32)
-            y += w2[:, None] * tl.load(xr + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-            y += w3[:, None] * tl.load(xr + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
+        # NUM_STAGES > 1: Triton's pipeliner streams x (and the norm weight) through shared
+        # memory with cp.async, NUM_STAGES - 1 blocks ahead, so the serial loop is not one L2
+        # round trip per block.
+        for hb in tl.range(0, NUM_HBLOCKS, num_stages=NUM_STAGES):
+            offs_o = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+            mask_o = offs_o < H
+            mask_y = mask_t[:, None] & mask_o[None, :]
+            xr = rows + offs_o[None, :]
+            y = w0[:, None] * tl.load(xr, mask=mask_y, other=0.0).to(tl.float32)
+            y += w1[:, None] * tl.load(xr + stride_xs, mask=mask_y, other=0.0).to(tl.float32)
+            y += w2[:, None] * tl.load(xr + 2 * stride_xs, mask=mask_y, other=0.0).to(tl.float32)
+            y += w3[:, None] * tl.load(xr + 3 * stride_xs, mask=mask_y, other=0.0).to(tl.float32)
             # hc_head returns x.dtype; the RMSNorm then runs on that rounded y, as in the reference
             y = _round_to(y, out_ptr.dtype.element_ty)
             if RMSNORM:
-                nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
+                nw = tl.load(weight_ptr + offs_o, mask=mask_o, other=0.0)
                 y = _round_to(y.to(tl.float32) * rstd[:, None] * nw[None, :],
                               out_ptr.dtype.element_ty)
-            tl.store(out_rows + offs_h[None, :], y, mask=mask)
+            tl.store(out_rows + offs_o[None, :], y, mask=mask_y)
 
 
 # ------------------------------------------------------------------------------------ tiling
@@ -233,6 +246,7 @@ class _Config(NamedTuple):
     num_splits: int
     block_h: int
     num_warps: int
+    num_stages: int
 
 
 def _power_of_two(name: str, v: int) -> None:
@@ -241,13 +255,16 @@ def _power_of_two(name: str, v: int) -> None:
 
 
 def _single_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
-                   num_warps=None) -> _Config:
+                   num_warps=None, num_stages=None) -> _Config:
     """Tiling for T <= 8 (guesses, to be swept on the H200: scripts/hc_head_single_launch_check.py).
 
     Partials: BLOCK_T = next_pow2(T) (one token block up to T = 8), 64-wide chunks and about 4
     programs per SM, so at H = 7168 112 programs each read one 64-wide chunk in one round trip.
     Finalize: BLOCK_T x BLOCK_H tiles of at most 2048 elements (16 per thread and stream at 4
-    warps), BLOCK_H = 1024 at T <= 2, 512 at T = 3-4, 256 at T = 5-8.
+    warps), BLOCK_H = 1024 at T <= 2, 512 at T = 3-4, 256 at T = 5-8; a 3-stage pipelined loop
+    (2 blocks of x in flight ahead of the one being written). 4 warps. ptxas (sm_90a, H = 7168,
+    with the norm, PTX compiled on a CPU host): 48 registers and 26 KB of shared memory at
+    T = 1, 86 registers and 34 KB at T = 8, no spills.
     """
     block_t = min(triton.next_power_of_2(T), 8)
     n_blocks = triton.cdiv(T, block_t)
@@ -267,12 +284,18 @@ def _single_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
     if num_warps is None:
         num_warps = 4
     _power_of_two("num_warps", num_warps)
-    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, num_warps)
+    if num_stages is None:
+        num_stages = 3
+    if not (isinstance(num_stages, int) and num_stages > 0):
+        raise ValueError(f"num_stages must be a positive int, got {num_stages!r}")
+    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, num_warps,
+                   num_stages)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h, num_warps):
-    cfg = _single_config(T, H, _num_sms(device_index), block_k, num_splits, block_h, num_warps)
+def _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h, num_warps, num_stages):
+    cfg = _single_config(T, H, _num_sms(device_index), block_k, num_splits, block_h, num_warps,
+                         num_stages)
     n_blocks = triton.cdiv(T, cfg.block_t)
     ws_shape = (T, 14 if rmsnorm else 8, cfg.num_splits)
     return cfg, ws_shape, n_blocks, (n_blocks * cfg.num_splits, 1, 1)
@@ -296,7 +319,7 @@ _SLOTS: dict[tuple[int, int], torch.Tensor] = {}  # (device index, raw stream) -
 
 
 def _capturing(device_index: int) -> bool:
-    return device_index >= 0 and torch.cuda.is_current_stream_capturing()
+    return device_index >= 0 and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _new_pool(device: torch.device, device_index: int, size: int) -> _Pool:
@@ -337,19 +360,18 @@ def _counters(x: torch.Tensor, device_index: int, n_blocks: int) -> torch.Tensor
 
 
 def reserve_counters(device: torch.device | str | int | None = None, num_slots: int = 64) -> None:
-    """Allocate (outside graph capture) room for ``num_slots`` more one-block stream slots on
-    ``device`` (default: the current CUDA device), so later calls never allocate."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else (
-        torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
-    index = -1 if device.type == "cpu" else device.index
-    if index is None:
-        index = torch.cuda.current_device()
-        device = torch.device("cuda", index)
+    """Make room, outside graph capture, for ``num_slots`` more one-block stream slots on
+    ``device`` (default: the current CUDA device; ``"cpu"``: the interpreter's pool), so that the
+    calls after it never allocate (e.g. before capturing on many new streams)."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    index = device.index if device.type == "cuda" else -1
     pool = _POOLS.get(index)
-    need = num_slots * _SLOT
-    if pool is None or pool.used + need > pool.buffer.numel():
+    used = 0 if pool is None else pool.used
+    if pool is None or used + num_slots * _SLOT > pool.buffer.numel():
         capacity = _POOL_SIZE if pool is None else 2 * pool.buffer.numel()
-        _new_pool(device, index, max(capacity, (0 if pool is None else pool.used) + need))
+        _new_pool(device, index, max(capacity, num_slots * _SLOT))
 
 
 def counter_buffers() -> list[torch.Tensor]:
@@ -372,6 +394,26 @@ def reset_counters() -> None:
 # ----------------------------------------------------------------------------------- launch
 
 _SINGLE = LaunchCache(_hc_head_single_kernel)
+_WORKSPACES: dict[tuple, torch.Tensor] = {}
+WORKSPACE_CACHE_LIMIT = 256
+
+
+def _workspace(x: torch.Tensor, shape: tuple, device_index: int) -> torch.Tensor:
+    """The partials workspace, reused per (device, stream, shape) in eager calls as
+    ``hc_head_triton`` does (calls on one stream run one after another, so they may share it);
+    a fresh one (from the graph's pool) while a CUDA graph is captured."""
+    if device_index >= 0:
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return x.new_empty(shape, dtype=torch.float32)
+        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), shape)
+    else:
+        key = (device_index, 0, shape)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = x.new_empty(shape, dtype=torch.float32)
+        if len(_WORKSPACES) < WORKSPACE_CACHE_LIMIT:
+            _WORKSPACES[key] = ws
+    return ws
 
 
 def _prepare(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, out, tiling):
@@ -382,13 +424,12 @@ def _prepare(x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, out, ti
     weight = norm_weight if rmsnorm else hc_base  # an unused but valid pointer without the norm
     device_index = x.get_device()
     cfg, ws_shape, n_blocks, grid = _plan(T, H, device_index, rmsnorm, *tiling)
-    ws = x.new_empty(ws_shape, dtype=torch.float32)
+    ws = _workspace(x, ws_shape, device_index)
     counters = _counters(x, device_index, n_blocks)
     if out is None:
         out = x.new_empty((T, H))
-    elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()
-              and out.device == x.device):
-        raise ValueError(f"out must be a contiguous [{T}, {H}] {x.dtype} tensor on {x.device}")
+    elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous [{T}, {H}] {x.dtype} tensor")
     pointers = (x, hc_fn, ws, counters, hc_scale, hc_base, weight, out)
     return T, H, rmsnorm, device_index, cfg, grid, pointers
 
@@ -399,7 +440,8 @@ def _args(pointers, T, H, cfg: _Config, rmsnorm, norm_eps, hc_eps):
             x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1), out.stride(0))
     constexprs = {"RMSNORM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
                   "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k,
-                  "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h}
+                  "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
+                  "NUM_HBLOCKS": triton.cdiv(H, cfg.block_h), "NUM_STAGES": cfg.num_stages}
     return args, constexprs
 
 
@@ -417,20 +459,23 @@ def hc_head_single_launch_triton(
     num_splits: int | None = None,
     block_h: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 1 launch.
 
     The contract of :func:`~dsv4spec.kernels.hc_head.hc_head_triton` (inputs assumed checked by
     ``dsv4spec.ops.hc_head``; with ``norm_weight [H]`` the shared-head RMSNorm is applied too);
-    meant for T <= 8. ``block_k``, ``num_splits``, ``block_h`` and ``num_warps`` override the
-    tiling (powers of two but ``num_splits``). See the module docstring for the counters' rules.
+    meant for T <= 8. ``block_k``, ``num_splits``, ``block_h``, ``num_warps`` and ``num_stages``
+    (of the finalize loop; 1: not pipelined) override the tiling (``block_k``, ``block_h`` and
+    ``num_warps`` powers of two). See the module docstring for the counters' rules.
     After the first call of a shape, eager calls launch the cached compiled kernel directly
-    (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation, one launch.
+    (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the workspace is
+    reused per stream and shape outside graph capture), one launch.
     """
     norm_eps, hc_eps = float(norm_eps), float(hc_eps)
     T, H, rmsnorm, device_index, cfg, grid, pointers = _prepare(
         x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, out,
-        (block_k, num_splits, block_h, num_warps))
+        (block_k, num_splits, block_h, num_warps, num_stages))
     addresses = tuple(p.data_ptr() for p in pointers)
     # Everything the kernel binds or specialises on (strides follow from T, H and cfg).
     key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg,
@@ -457,6 +502,7 @@ def warmup(
     num_splits: int | None = None,
     block_h: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> None:
     """Compile, without launching, the kernel that the same call of
     :func:`hc_head_single_launch_triton` would launch. Inside Triton's ``AsyncCompileMode`` the
@@ -464,6 +510,6 @@ def warmup(
     norm_eps, hc_eps = float(norm_eps), float(hc_eps)
     T, H, rmsnorm, _, cfg, grid, pointers = _prepare(
         x, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, None,
-        (block_k, num_splits, block_h, num_warps))
+        (block_k, num_splits, block_h, num_warps, num_stages))
     args, constexprs = _args(pointers, T, H, cfg, rmsnorm, norm_eps, hc_eps)
     _hc_head_single_kernel.warmup(*args, **constexprs, grid=grid, num_warps=cfg.num_warps)
