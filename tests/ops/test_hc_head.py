@@ -182,6 +182,17 @@ def test_triton_tiling_loops_and_masked_splits(rmsnorm, eps, partials_2d):
     assert_close(out, ref, torch.float32)
 
 
+def test_2d_partials_are_the_default_for_the_norm_at_large_t_only():
+    from dsv4spec.kernels.hc_head import _plan
+
+    assert _plan(1024, 7168, -1, True, None, None, None)[0].partials_2d
+    assert not _plan(1024, 7168, -1, False, None, None, None)[0].partials_2d
+    assert not _plan(256, 7168, -1, True, None, None, None)[0].partials_2d
+    x, fn, sc, base, nw = make_inputs(1024, 8, torch.bfloat16)  # the default path, interpreted
+    assert_close(hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton"),
+                 hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS), torch.bfloat16, 2)
+
+
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
 def test_2d_partials_in_bf16_match_reference(rmsnorm):
     x, fn, sc, base, nw = make_inputs(9, 100, torch.bfloat16)

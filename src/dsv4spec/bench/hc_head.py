@@ -53,6 +53,8 @@ COLUMNS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS), help="hidden sizes")
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
+    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS),
+                        choices=list(PROVIDERS), help="our providers to run (default: all)")
     parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[],
                         help="also time SGLang's fused_hc_head (loaded from its installed source "
                              "or DSV4SPEC_SGLANG_ROOT)")
@@ -189,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
     peer = None
     if "sglang" in args.peer:
         peer = common.sglang_peer("kernels/ops/layernorm/mhc_head.py")
-    providers = [*PROVIDERS, *(["sglang"] if peer is not None else [])]
+    providers = [*args.providers, *(["sglang"] if peer is not None else [])]
     rows = []
     for H in args.widths:
         for T in tokens:

@@ -289,16 +289,19 @@ def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
     # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
     # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
     # H = 7168 (scripts/tune_hc_head.py).
-    if block_t is None:
-        block_t = min(triton.next_power_of_2(T), 8)
     if partials_2d is None:
         partials_2d = False
+    if block_t is None:
+        block_t = 4 if partials_2d else min(triton.next_power_of_2(T), 8)
     if block_k is None:
-        block_k = 64 if T <= 4 else 128 if T <= 32 else 256
+        block_k = 64 if T <= 4 or partials_2d else 128 if T <= 32 else 256
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
         programs_per_sm = 4 if T <= 64 else 12
-        num_splits = min(n_chunks, triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, block_t)))
+        # the 2-D kernel: as many splits as the default's (256-wide chunks, 8-token blocks)
+        num_splits = min(triton.cdiv(H, 256) if partials_2d else n_chunks,
+                         triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, 8 if partials_2d
+                                                                           else block_t)))
     chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_h is None:
@@ -383,8 +386,15 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None):
+    if partials_2d is None:
+        # The 2-D partials pay off where the RMSNorm's Gram sums make the pass heavy: T = 1024
+        # 70.8 -> 63.7 µs, T = 4096 240 -> 219 µs at H = 7168; without the norm, and at T = 256,
+        # the default is faster (results/sweep_hc_head_partials.json).
+        partials_2d = rmsnorm and T >= 1024
     cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
                           partials_2d, block_t)
+    if warps is None and cfg.partials_2d:
+        warps = (4, 1)
     if warps is not None:
         return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), warps
     return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), _num_warps(T)
