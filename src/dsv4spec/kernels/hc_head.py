@@ -387,10 +387,11 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None):
     if partials_2d is None:
-        # The 2-D partials pay off where the RMSNorm's Gram sums make the pass heavy: T = 1024
-        # 70.8 -> 63.7 µs, T = 4096 240 -> 219 µs at H = 7168; without the norm, and at T = 256,
-        # the default is faster (results/sweep_hc_head_partials.json).
-        partials_2d = rmsnorm and T >= 1024
+        # The 2-D partials pay off where the RMSNorm's Gram sums make a large pass heavy (in a
+        # graph, 1-D -> 2-D: H = 7168 T = 1024 70.2 -> 64.5 µs, T = 4096 239 -> 219; H = 4096
+        # T = 4096 138 -> 131) but not below (H = 4096 T = 1024 30.9 -> 39.8) nor without the
+        # norm (results/hc_head.json, hc_head_launch_lean.json, sweep_hc_head_partials.json).
+        partials_2d = rmsnorm and T * H >= 1024 * 7168
     cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
                           partials_2d, block_t)
     if warps is None and cfg.partials_2d:
