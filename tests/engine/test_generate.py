@@ -203,3 +203,21 @@ def test_each_engine_uses_its_own_draft_hc_head_impl(monkeypatch):
         assert set(seen) == {m.hc_head_impl, impl}, (impl, seen)
     with pytest.raises(ValueError, match="draft_hc_head_impl"):
         Engine(m, num_slots=1, num_draft_tokens=3, draft_hc_head_impl="fast")
+
+
+def test_a_full_bucket_of_128_requests_with_forced_drafts_equals_greedy(model):
+    """The e2e benchmark's largest batch in float64: its forced-draft schedule (every accept
+    length) over 128 requests of one bucket emits plain greedy's tokens in every request."""
+    from dsv4spec.bench.e2e import forced_drafts
+
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 256, (128, 16), generator=g).tolist()
+    plain = [Request(p, 30) for p in prompts]
+    Engine(model, num_slots=128, max_seq_len=80).generate(plain)
+    reqs = [Request(p, 30) for p in prompts]
+    engine = Engine(model, num_slots=128, max_seq_len=80, num_draft_tokens=4, buckets=(128,),
+                    draft_override=forced_drafts({id(r): q.output for r, q in zip(reqs, plain)},
+                                                 256))
+    engine.generate(reqs)
+    assert [r.output for r in reqs] == [q.output for q in plain]
+    assert {a for r in reqs for a in r.accept_lens} == {1, 2, 3, 4}
