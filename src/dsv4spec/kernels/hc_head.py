@@ -31,14 +31,38 @@ HC = 4
 
 
 @triton.jit
-def _row_dot(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3):
-    # sum_i sum_h fn[i*H + h] * x_i[:, h] for one row of hc_fn: [BLOCK_T]
+def _row_terms(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3):
+    # sum_i fn[i*H + h] * x_i[:, h] for one row of hc_fn: [BLOCK_T, BLOCK_K]
     f0 = tl.load(fn_ptr + offs_h, mask=mask_h, other=0.0)
     f1 = tl.load(fn_ptr + H + offs_h, mask=mask_h, other=0.0)
     f2 = tl.load(fn_ptr + 2 * H + offs_h, mask=mask_h, other=0.0)
     f3 = tl.load(fn_ptr + 3 * H + offs_h, mask=mask_h, other=0.0)
-    acc = x0 * f0[None, :] + x1 * f1[None, :] + x2 * f2[None, :] + x3 * f3[None, :]
-    return tl.sum(acc, axis=1)
+    return x0 * f0[None, :] + x1 * f1[None, :] + x2 * f2[None, :] + x3 * f3[None, :]
+
+
+@triton.jit
+def _zeros(BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, ACC_2D: tl.constexpr):
+    if ACC_2D:
+        return tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    else:
+        return tl.zeros([BLOCK_T], dtype=tl.float32)
+
+
+@triton.jit
+def _add(acc, terms, ACC_2D: tl.constexpr):
+    # [BLOCK_T, BLOCK_K] terms into the accumulator: elementwise (2-D), or summed over h first
+    if ACC_2D:
+        return acc + terms
+    else:
+        return acc + tl.sum(terms, axis=1)
+
+
+@triton.jit
+def _store_total(ws, acc, mask_t, ACC_2D: tl.constexpr):
+    if ACC_2D:
+        tl.store(ws, tl.sum(acc, axis=1), mask=mask_t)
+    else:
+        tl.store(ws, acc, mask=mask_t)
 
 
 @triton.jit
@@ -46,28 +70,31 @@ def _hc_head_partials_kernel(
     x_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS,
     stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
-    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    GRAM: tl.constexpr, ACC_2D: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # ACC_2D: [BLOCK_T, BLOCK_K] accumulators, so a chunk costs FMAs only and the cross-thread
+    # sums run once per program; otherwise [BLOCK_T] ones, summed over h every chunk (fewer
+    # registers). Which is faster depends on T, H and the RMSNorm (_plan).
     pid = tl.program_id(0).to(tl.int64)
     split = pid % NUM_SPLITS
     offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
     mask_t = offs_t < T
     rows = x_ptr + offs_t[:, None] * stride_xt
-    m0 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    m1 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    m3 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g33 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g01 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g02 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g03 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g12 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g13 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g23 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    m0 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    m1 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    m2 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    m3 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g00 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g11 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g22 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g33 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g01 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g02 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g03 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g12 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g13 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
+    g23 = _zeros(BLOCK_T, BLOCK_K, ACC_2D)
     for c in range(0, CHUNKS_PER_SPLIT):
         offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_h = offs_h < H
@@ -77,122 +104,40 @@ def _hc_head_partials_kernel(
         x1 = tl.load(ptrs + stride_xs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptrs + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
         x3 = tl.load(ptrs + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-        m0 += _row_dot(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3)
-        m1 += _row_dot(fn_ptr + stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
-        m2 += _row_dot(fn_ptr + 2 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
-        m3 += _row_dot(fn_ptr + 3 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3)
-        g00 += tl.sum(x0 * x0, axis=1)
-        g11 += tl.sum(x1 * x1, axis=1)
-        g22 += tl.sum(x2 * x2, axis=1)
-        g33 += tl.sum(x3 * x3, axis=1)
+        m0 = _add(m0, _row_terms(fn_ptr, H, offs_h, mask_h, x0, x1, x2, x3), ACC_2D)
+        m1 = _add(m1, _row_terms(fn_ptr + stride_fn, H, offs_h, mask_h, x0, x1, x2, x3), ACC_2D)
+        m2 = _add(m2, _row_terms(fn_ptr + 2 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3),
+                  ACC_2D)
+        m3 = _add(m3, _row_terms(fn_ptr + 3 * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3),
+                  ACC_2D)
+        g00 = _add(g00, x0 * x0, ACC_2D)
+        g11 = _add(g11, x1 * x1, ACC_2D)
+        g22 = _add(g22, x2 * x2, ACC_2D)
+        g33 = _add(g33, x3 * x3, ACC_2D)
         if GRAM:
-            g01 += tl.sum(x0 * x1, axis=1)
-            g02 += tl.sum(x0 * x2, axis=1)
-            g03 += tl.sum(x0 * x3, axis=1)
-            g12 += tl.sum(x1 * x2, axis=1)
-            g13 += tl.sum(x1 * x3, axis=1)
-            g23 += tl.sum(x2 * x3, axis=1)
+            g01 = _add(g01, x0 * x1, ACC_2D)
+            g02 = _add(g02, x0 * x2, ACC_2D)
+            g03 = _add(g03, x0 * x3, ACC_2D)
+            g12 = _add(g12, x1 * x2, ACC_2D)
+            g13 = _add(g13, x1 * x3, ACC_2D)
+            g23 = _add(g23, x2 * x3, ACC_2D)
     # ws[t, k, split]: slots 0-3 dots, 4-7 diagonal of G, 8-13 (01, 02, 03, 12, 13, 23)
     ws = ws_ptr + offs_t * stride_wt + split
-    tl.store(ws, m0, mask=mask_t)
-    tl.store(ws + stride_wk, m1, mask=mask_t)
-    tl.store(ws + 2 * stride_wk, m2, mask=mask_t)
-    tl.store(ws + 3 * stride_wk, m3, mask=mask_t)
-    tl.store(ws + 4 * stride_wk, g00, mask=mask_t)
-    tl.store(ws + 5 * stride_wk, g11, mask=mask_t)
-    tl.store(ws + 6 * stride_wk, g22, mask=mask_t)
-    tl.store(ws + 7 * stride_wk, g33, mask=mask_t)
+    _store_total(ws, m0, mask_t, ACC_2D)
+    _store_total(ws + stride_wk, m1, mask_t, ACC_2D)
+    _store_total(ws + 2 * stride_wk, m2, mask_t, ACC_2D)
+    _store_total(ws + 3 * stride_wk, m3, mask_t, ACC_2D)
+    _store_total(ws + 4 * stride_wk, g00, mask_t, ACC_2D)
+    _store_total(ws + 5 * stride_wk, g11, mask_t, ACC_2D)
+    _store_total(ws + 6 * stride_wk, g22, mask_t, ACC_2D)
+    _store_total(ws + 7 * stride_wk, g33, mask_t, ACC_2D)
     if GRAM:
-        tl.store(ws + 8 * stride_wk, g01, mask=mask_t)
-        tl.store(ws + 9 * stride_wk, g02, mask=mask_t)
-        tl.store(ws + 10 * stride_wk, g03, mask=mask_t)
-        tl.store(ws + 11 * stride_wk, g12, mask=mask_t)
-        tl.store(ws + 12 * stride_wk, g13, mask=mask_t)
-        tl.store(ws + 13 * stride_wk, g23, mask=mask_t)
-
-
-@triton.jit
-def _hc_head_partials_2d_kernel(
-    x_ptr, fn_ptr, ws_ptr,
-    T, H, NUM_SPLITS,
-    stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
-    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    # The partials of _hc_head_partials_kernel with [BLOCK_T, BLOCK_K] accumulators: each chunk
-    # costs FMAs only, and the cross-thread reductions run once per program instead of once per
-    # chunk (for large T, where a program loops over several chunks).
-    pid = tl.program_id(0).to(tl.int64)
-    split = pid % NUM_SPLITS
-    offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
-    mask_t = offs_t < T
-    rows = x_ptr + offs_t[:, None] * stride_xt
-    m0 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    m1 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    m3 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    g00 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    g11 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    g22 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    g33 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    if GRAM:
-        g01 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        g02 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        g03 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        g12 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        g13 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        g23 = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    for c in range(0, CHUNKS_PER_SPLIT):
-        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_h = offs_h < H
-        mask = mask_t[:, None] & mask_h[None, :]
-        ptrs = rows + offs_h[None, :]
-        x0 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(ptrs + stride_xs, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(ptrs + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-        x3 = tl.load(ptrs + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-        for j in tl.static_range(4):
-            f = fn_ptr + j * stride_fn + offs_h
-            f0 = tl.load(f, mask=mask_h, other=0.0)[None, :]
-            f1 = tl.load(f + H, mask=mask_h, other=0.0)[None, :]
-            f2 = tl.load(f + 2 * H, mask=mask_h, other=0.0)[None, :]
-            f3 = tl.load(f + 3 * H, mask=mask_h, other=0.0)[None, :]
-            term = x0 * f0 + x1 * f1 + x2 * f2 + x3 * f3
-            if j == 0:
-                m0 += term
-            elif j == 1:
-                m1 += term
-            elif j == 2:
-                m2 += term
-            else:
-                m3 += term
-        g00 += x0 * x0
-        g11 += x1 * x1
-        g22 += x2 * x2
-        g33 += x3 * x3
-        if GRAM:
-            g01 += x0 * x1
-            g02 += x0 * x2
-            g03 += x0 * x3
-            g12 += x1 * x2
-            g13 += x1 * x3
-            g23 += x2 * x3
-    ws = ws_ptr + offs_t * stride_wt + split
-    tl.store(ws, tl.sum(m0, axis=1), mask=mask_t)
-    tl.store(ws + stride_wk, tl.sum(m1, axis=1), mask=mask_t)
-    tl.store(ws + 2 * stride_wk, tl.sum(m2, axis=1), mask=mask_t)
-    tl.store(ws + 3 * stride_wk, tl.sum(m3, axis=1), mask=mask_t)
-    tl.store(ws + 4 * stride_wk, tl.sum(g00, axis=1), mask=mask_t)
-    tl.store(ws + 5 * stride_wk, tl.sum(g11, axis=1), mask=mask_t)
-    tl.store(ws + 6 * stride_wk, tl.sum(g22, axis=1), mask=mask_t)
-    tl.store(ws + 7 * stride_wk, tl.sum(g33, axis=1), mask=mask_t)
-    if GRAM:
-        tl.store(ws + 8 * stride_wk, tl.sum(g01, axis=1), mask=mask_t)
-        tl.store(ws + 9 * stride_wk, tl.sum(g02, axis=1), mask=mask_t)
-        tl.store(ws + 10 * stride_wk, tl.sum(g03, axis=1), mask=mask_t)
-        tl.store(ws + 11 * stride_wk, tl.sum(g12, axis=1), mask=mask_t)
-        tl.store(ws + 12 * stride_wk, tl.sum(g13, axis=1), mask=mask_t)
-        tl.store(ws + 13 * stride_wk, tl.sum(g23, axis=1), mask=mask_t)
+        _store_total(ws + 8 * stride_wk, g01, mask_t, ACC_2D)
+        _store_total(ws + 9 * stride_wk, g02, mask_t, ACC_2D)
+        _store_total(ws + 10 * stride_wk, g03, mask_t, ACC_2D)
+        _store_total(ws + 11 * stride_wk, g12, mask_t, ACC_2D)
+        _store_total(ws + 12 * stride_wk, g13, mask_t, ACC_2D)
+        _store_total(ws + 13 * stride_wk, g23, mask_t, ACC_2D)
 
 
 @triton.jit
@@ -280,7 +225,7 @@ class _Config(NamedTuple):
     chunks_per_split: int
     num_splits: int
     block_h: int
-    partials_2d: bool = False  # _hc_head_partials_2d_kernel instead of _hc_head_partials_kernel
+    partials_2d: bool = False  # the partials kernel's ACC_2D
 
 
 def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
@@ -316,7 +261,6 @@ def _num_warps(T: int) -> tuple[int, int]:
 
 
 _PARTIALS = LaunchCache(_hc_head_partials_kernel)
-_PARTIALS_2D = LaunchCache(_hc_head_partials_2d_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once
 _DIRECT: dict = {}
@@ -352,12 +296,12 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
     if key is None:
         key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
                alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
-    (_PARTIALS_2D if cfg.partials_2d else _PARTIALS).launch(
+    _PARTIALS.launch(
         key, grid,
         (x, hc_fn, ws, T, H, cfg.num_splits,
          x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1)),
-        {"GRAM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
-         "BLOCK_K": cfg.block_k},
+        {"GRAM": rmsnorm, "ACC_2D": cfg.partials_2d, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
+         "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k},
         num_warps,
     )
 
@@ -455,8 +399,7 @@ def hc_head_triton(
     _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
     _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
                      key)
-    partials = (_PARTIALS_2D if cfg.partials_2d else _PARTIALS).get(key)
-    finalize = _FINALIZE.get(key)
+    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
     return out
