@@ -243,7 +243,7 @@ def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
         programs_per_sm = 4 if T <= 64 else 12
-        # the 2-D kernel: as many splits as the default's (256-wide chunks, 8-token blocks)
+        # the 2-D kernel: the split count the default computes before rounding to whole chunks
         num_splits = min(triton.cdiv(H, 256) if partials_2d else n_chunks,
                          triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, 8 if partials_2d
                                                                            else block_t)))
