@@ -2,7 +2,8 @@
 # Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32 (default: the
+#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32 sweep-partials
+#   (default: the
 #   first five); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
@@ -37,6 +38,10 @@ for s in $STEPS; do
         > "$OUT/sanitizer_memcheck.log" 2>&1
       echo "exit code $?" >> "$OUT/sanitizer_memcheck.log"
       tail -8 "$OUT/sanitizer_memcheck.log" ;;
+    sweep-partials)
+      step "hc_head partials tilings, 1-D vs 2-D sums"
+      $PY scripts/sweep_hc_head_partials.py "$OUT/results" 2>&1 | tee "$OUT/sweep_hc_head_partials.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     e2e-fp32)
       # The lossless check at every (preset, bs) in float32, where decode and verify GEMMs do
       # not flip near-tied greedy choices (bf16 does, with random weights: benchmarks/NOTES.md).
