@@ -3,8 +3,7 @@
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32 sweep-partials
-#   (default: the
-#   first five); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
+#   (default: the first five); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
 # DSV4SPEC_SGLANG_ROOT pointing at an unpacked wheel: a folder holding sglang/).
