@@ -62,6 +62,21 @@ def stream_is_capturing() -> bool:
         return False
 
 
+def capture_cuda_graph(fn: Callable[[], object],
+                       device: torch.device | None = None) -> torch.cuda.CUDAGraph:
+    """``fn`` run once on a side stream (warm-up: compiles, allocates), then captured once in a
+    CUDA graph on ``device`` (default: the current one). Replay the returned graph."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):

@@ -18,6 +18,7 @@ from dsv4spec.bench.common import (
     time_in_graph,
     write_results,
 )
+from dsv4spec.capture import capture_cuda_graph
 from dsv4spec.kernels.launch import LaunchCache
 from dsv4spec.ops import (
     C128DraftCleanup,
@@ -106,19 +107,6 @@ class Case:
                     raise AssertionError(f"{run.__name__} disagrees with the reference")
 
 
-def replay_of(fn) -> torch.cuda.CUDAGraph:
-    """``fn`` captured once in a CUDA graph (after a warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def measure(case: Case, quick: bool) -> dict[str, float]:
     repeats = 5 if quick else 15
     out = {}
@@ -133,7 +121,7 @@ def measure(case: Case, quick: bool) -> dict[str, float]:
         out[f"{name}_graph_p80_us"] = graph["p80_us"]
     out["fused_dispatch_eager_us"] = time_eager(case.run_fused_dispatch,
                                                 repeats=repeats)["median_us"]
-    graph = replay_of(case.run_fused)
+    graph = capture_cuda_graph(case.run_fused)
     out["fused_replay_eager_us"] = time_eager(graph.replay, repeats=repeats)["median_us"]
     if case.sglang_clear is not None:
         out["vs_sglang_eager"] = out["sglang_loop_eager_us"] / out["fused_eager_us"]

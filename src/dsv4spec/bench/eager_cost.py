@@ -25,8 +25,9 @@ import torch
 import triton
 
 from dsv4spec.bench import common
-from dsv4spec.bench.cleanup import Case, replay_of
+from dsv4spec.bench.cleanup import Case
 from dsv4spec.bench.hc_head import EPS, make_inputs
+from dsv4spec.capture import capture_cuda_graph
 from dsv4spec.kernels.hc_head import hc_head_triton
 from dsv4spec.kernels.launch import LaunchCache
 from dsv4spec.ops.hc_head import _check_hc_head_inputs, _inputs_look_valid, hc_head
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     case.refcheck()
     add("C128DraftCleanup.clear (31, 1, 4), LaunchCache", case.run_fused)
     add("C128DraftCleanup.clear (31, 1, 4), Triton dispatcher", case.run_fused_dispatch)
-    graph = replay_of(case.run_fused)
+    graph = capture_cuda_graph(case.run_fused)
     add("CUDA-graph replay of that clear", graph.replay)
     graphed = case.fused.graphed(1, case.num_draft)
     for buffer, value in zip((graphed.req_pool_indices, graphed.seq_lens, graphed.accept_lens),

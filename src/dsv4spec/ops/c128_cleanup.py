@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dsv4spec.capture import capture_cuda_graph
 from dsv4spec.kernels import triton_runs_on
 from dsv4spec.kernels.c128_cleanup import (
     GRID_AXIS_LIMIT,
@@ -348,15 +349,8 @@ class C128CleanupGraph:
                                       device=device)
         self._graph = None
         if device.type == "cuda" and cleanup.backend == "triton":
-            # Warm up (compiles, and clears nothing: every row accepts all) on a side stream.
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                self._clear()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._clear()
+            # The warm-up run clears nothing: every row accepts all.
+            self._graph = capture_cuda_graph(self._clear, device)
 
     def _clear(self) -> None:
         self.cleanup.clear(self.req_pool_indices, self.seq_lens, self.accept_lens,
