@@ -215,8 +215,9 @@ class C128DraftCleanup:
         self._validate(states)
         first = states[0]
         pointers = [t.data_ptr() for t in states]
-        old = getattr(self, "_layout", None)
-        self._layout = (len(states), tuple(first.shape), first.dtype, first.device)
+        same_layout = hasattr(self, "table") and (
+            (len(states), first.shape, first.dtype, first.device)
+            == (self.num_states, (self.num_rows, self.width), self.dtype, self.device))
         self._states = states
         self.num_states = len(states)
         self.num_rows, self.width = first.shape
@@ -226,7 +227,7 @@ class C128DraftCleanup:
         self.backend = "triton" if triton_runs_on(self.device) else "torch"
         self._pointers = pointers
         new_table = torch.tensor(pointers, dtype=torch.int64, device=self.device)
-        if old == self._layout:
+        if same_layout:
             self.table.copy_(new_table)
         else:
             self.table = new_table
