@@ -192,6 +192,22 @@ def test_2d_partials_are_the_default_for_the_norm_at_large_t_only():
     assert _plan(4096, 4096, -1, True, None, None, None)[0].partials_2d
 
 
+@pytest.mark.parametrize("eps", EPS_SETS)
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_mma_partials_in_bf16_match_reference(rmsnorm, eps):
+    # The tensor-core partials through the finalize: 3 token blocks (the last partly past T), 2
+    # splits over 7 chunks (the last partly past H). tests/kernels/test_hc_head_partials.py
+    # checks the partials themselves.
+    x, fn, sc, base, nw = make_inputs(9, 100, torch.bfloat16)
+    nw = nw if rmsnorm else None
+    out = hc_head_triton(x, fn, sc, base, eps["norm_eps"], eps["hc_eps"], nw, block_k=16,
+                         num_splits=2, block_h=32, block_t=4, mma=True)
+    if rmsnorm:
+        assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **eps), torch.bfloat16, 2)
+    else:
+        assert_close(out, hc_head_reference(x, fn, sc, base, **eps), torch.bfloat16)
+
+
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
 def test_2d_partials_in_bf16_match_reference(rmsnorm):
     x, fn, sc, base, nw = make_inputs(9, 100, torch.bfloat16)
@@ -426,17 +442,17 @@ def test_gpu_kernels_per_call(T):
 def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
     """The cached compiled kernels (direct launches) give bit-identical output to Triton's own
     dispatch, across T, widths, an unaligned x view and large epsilons."""
-    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS
+    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS, _PARTIALS_MMA
     from dsv4spec.kernels.launch import LaunchCache
 
     def launches():
-        return sum(c.direct_launches for c in (_PARTIALS, _FINALIZE))
+        return sum(c.direct_launches for c in (_PARTIALS, _PARTIALS_MMA, _FINALIZE))
 
     for H in (4096, 7168):
         for T in (1, 4, 64, 1024):
             for eps in ({"norm_eps": 1e-6, "hc_eps": 1e-6}, {"norm_eps": 0.25, "hc_eps": 1.0}):
                 x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=T)
-                if T == 4:  # a view 2 bytes past an aligned address
+                if T in (4, 1024):  # a view 2 bytes past an aligned address
                     x = torch.cat([x.flatten(), x.new_zeros(1)])[1:].view(T, 4, H)
                 nw = nw if rmsnorm else None
 

@@ -141,6 +141,76 @@ def _hc_head_partials_kernel(
 
 
 @triton.jit
+def _hc_head_partials_mma_kernel(
+    x_ptr, fn_ptr, ws_ptr,
+    T, H, NUM_SPLITS,
+    stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
+    GRAM: tl.constexpr, SUMSQ_DOT: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # The partials on tensor cores, bf16 x only. A tile holds 4 * BLOCK_T rows r = (t, i) of x
+    # (token t, stream i). Its product with the [BLOCK_K, 16] tile of hc_fn whose column
+    # c = (j, i') holds hc_fn[j, i' * H + h] gives, at c = (j, i), stream i's share of the dot
+    # product j; the other 12 columns are discarded. hc_fn (fp32) enters as three bf16 parts
+    # (hi + mid + lo carry its 24 bits); bf16 products are exact and accumulate in fp32. The
+    # tile times its own transpose accumulates every (t, i) x (t', j) sum; the 4 x 4 blocks
+    # with t = t' are the per-token Gram matrices. hc_fn moves from L2 once per BLOCK_T tokens
+    # in 16-column tiles instead of per 8 tokens in fp32 registers, and the loop is pipelined.
+    ROWS: tl.constexpr = 4 * BLOCK_T
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    t0 = (pid // NUM_SPLITS) * BLOCK_T
+    offs_r = tl.arange(0, ROWS)
+    offs_t = t0 + offs_r // 4
+    mask_r = offs_t < T
+    rows = x_ptr + offs_t * stride_xt + (offs_r % 4) * stride_xs
+    offs_c = tl.arange(0, 16)
+    fn_cols = fn_ptr + (offs_c // 4) * stride_fn + (offs_c % 4) * H
+    acc = tl.zeros([ROWS, 16], dtype=tl.float32)
+    if GRAM or SUMSQ_DOT:
+        gram = tl.zeros([ROWS, ROWS], dtype=tl.float32)
+    else:
+        sumsq = tl.zeros([ROWS], dtype=tl.float32)
+    for c in range(0, CHUNKS_PER_SPLIT):
+        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        xt = tl.load(rows[:, None] + offs_h[None, :], mask=mask_r[:, None] & mask_h[None, :],
+                     other=0.0)
+        f = tl.load(fn_cols[None, :] + offs_h[:, None], mask=mask_h[:, None], other=0.0)
+        hi = f.to(tl.bfloat16)
+        rest = f - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(xt, hi, acc)
+        acc = tl.dot(xt, mid, acc)
+        acc = tl.dot(xt, lo, acc)
+        if GRAM or SUMSQ_DOT:
+            gram = tl.dot(xt, tl.trans(xt), gram)
+        else:
+            xf = xt.to(tl.float32)
+            sumsq += tl.sum(xf * xf, axis=1)
+    # ws[t, k, split], slots as in _hc_head_partials_kernel
+    same_stream = offs_c[None, :] % 4 == offs_r[:, None] % 4
+    mix = tl.sum(tl.reshape(tl.where(same_stream, acc, 0.0), [ROWS, 4, 4]), axis=2)  # [(t,i), j]
+    mix = tl.sum(tl.reshape(mix, [BLOCK_T, 4, 4]), axis=1)  # [t, j]
+    tt = t0 + tl.arange(0, BLOCK_T)
+    jj = tl.arange(0, 4)
+    tl.store(ws_ptr + tt[:, None] * stride_wt + split + jj[None, :] * stride_wk, mix,
+             mask=(tt < T)[:, None])
+    ii = offs_r[:, None] % 4
+    ws_rows = ws_ptr + offs_t * stride_wt + split
+    if GRAM or SUMSQ_DOT:
+        same_token = (offs_r[:, None] // 4) == (offs_r[None, :] // 4)
+        g = tl.sum(tl.reshape(tl.where(same_token, gram, 0.0), [ROWS, BLOCK_T, 4]), axis=1)
+        # g[(t, i), j] = G_ij of token t: diagonal to slot 4 + i, i < j to 8 + (01, 02, ..., 23)
+        slot = tl.where(ii == jj[None, :], 4 + ii, 8 + ii * (7 - ii) // 2 + jj[None, :] - ii - 1)
+        keep = (ii == jj[None, :]) | (GRAM & (ii < jj[None, :]))
+        tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
+    else:
+        tl.store(ws_rows + (4 + offs_r % 4) * stride_wk, sumsq, mask=mask_r)
+
+
+@triton.jit
 def _round_to(y, DTYPE: tl.constexpr):
     # fp32 -> DTYPE, round to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16, so
     # bf16 is rounded by hand (then the cast is exact): the interpreter and the GPU agree.
@@ -226,14 +296,35 @@ class _Config(NamedTuple):
     num_splits: int
     block_h: int
     partials_2d: bool = False  # the partials kernel's ACC_2D
+    mma: bool = False  # the tensor-core partials kernel (bf16 x)
+    stages: int | None = None  # its software-pipeline depth (Triton's num_stages)
+    sumsq_dot: bool = True  # its SUMSQ_DOT: sum(x^2) from the tile's Gram product
+
+
+# The tensor-core partials: the default for bf16 x from this many tokens on (CUDA only)
+MMA_MIN_TOKENS = 128
 
 
 def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
-                    partials_2d=None, block_t=None) -> _Config:
+                    partials_2d=None, block_t=None, mma=False, stages=None,
+                    sumsq_dot=None) -> _Config:
     # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
     # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
     # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
     # H = 7168 (scripts/tune_hc_head.py).
+    if mma:
+        # 16-token (64-row) tiles, about 2 programs per SM, each a pipelined loop over 64-wide
+        # chunks (scripts/sweep_hc_head_mma.py)
+        block_t = block_t or 16
+        block_k = block_k or 64
+        n_chunks = triton.cdiv(H, block_k)
+        if num_splits is None:
+            num_splits = min(n_chunks, triton.cdiv(2 * num_sms, triton.cdiv(T, block_t)))
+        chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+        num_splits = triton.cdiv(n_chunks, chunks_per_split)
+        block_h = block_h or (1024 if T <= 128 else 512)
+        return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, False, True,
+                       stages or 3, True if sumsq_dot is None else sumsq_dot)
     if partials_2d is None:
         partials_2d = False
     if block_t is None:
@@ -261,6 +352,7 @@ def _num_warps(T: int) -> tuple[int, int]:
 
 
 _PARTIALS = LaunchCache(_hc_head_partials_kernel)
+_PARTIALS_MMA = LaunchCache(_hc_head_partials_mma_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once
 _DIRECT: dict = {}
@@ -296,10 +388,18 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
     if key is None:
         key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
                alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
+    args = (x, hc_fn, ws, T, H, cfg.num_splits,
+            x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1))
+    if cfg.mma:
+        _PARTIALS_MMA.launch(
+            key, grid, args,
+            {"GRAM": rmsnorm, "SUMSQ_DOT": cfg.sumsq_dot, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
+             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k},
+            num_warps, cfg.stages,
+        )
+        return
     _PARTIALS.launch(
-        key, grid,
-        (x, hc_fn, ws, T, H, cfg.num_splits,
-         x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1)),
+        key, grid, args,
         {"GRAM": rmsnorm, "ACC_2D": cfg.partials_2d, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
          "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k},
         num_warps,
@@ -329,16 +429,23 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
 
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
-          partials_2d=None, block_t=None, warps=None):
-    if partials_2d is None:
+          partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
+          sumsq_dot=None):
+    if mma is None:
+        # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
+        # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
+        mma = dtype is torch.bfloat16 and device_index >= 0 and T >= MMA_MIN_TOKENS
+    elif mma and dtype is not None and dtype is not torch.bfloat16:
+        raise ValueError(f"the tensor-core partials need bfloat16 x, got {dtype}")
+    if partials_2d is None and not mma:
         # The 2-D partials pay off where the RMSNorm's Gram sums make a large pass heavy (in a
         # graph, 1-D -> 2-D: H = 7168 T = 1024 70.2 -> 64.5 µs, T = 4096 239 -> 219; H = 4096
         # T = 4096 138 -> 131) but not below (H = 4096 T = 1024 30.9 -> 39.8) nor without the
         # norm (results/hc_head.json, hc_head_launch_lean.json, sweep_hc_head_partials.json).
         partials_2d = rmsnorm and T * H >= 1024 * 7168
     cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
-                          partials_2d, block_t)
-    if warps is None and cfg.partials_2d:
+                          partials_2d, block_t, mma, stages, sumsq_dot)
+    if warps is None and (cfg.partials_2d or cfg.mma):
         warps = (4, 1)
     if warps is not None:
         return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), warps
@@ -361,12 +468,17 @@ def hc_head_triton(
     partials_2d: bool | None = None,
     block_t: int | None = None,
     warps: tuple[int, int] | None = None,
+    mma: bool | None = None,
+    stages: int | None = None,
+    sumsq_dot: bool | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
 
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits``, ``block_h``, ``partials_2d``,
-    ``block_t`` and ``warps`` (partials, finalize) override the tiling.
+    ``block_t`` and ``warps`` (partials, finalize) override the tiling; ``mma`` picks the
+    tensor-core partials kernel (bf16 x; by default on CUDA from ``MMA_MIN_TOKENS`` tokens),
+    ``stages`` its pipeline depth and ``sumsq_dot`` how it sums ``x^2``.
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
     workspace is reused per stream and shape, except while a CUDA graph is captured), two
@@ -379,7 +491,7 @@ def hc_head_triton(
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
-                                 partials_2d, block_t, warps)
+                                 partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot)
     ws = _workspace(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))
@@ -399,7 +511,7 @@ def hc_head_triton(
     _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
     _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
                      key)
-    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
+    partials, finalize = (_PARTIALS_MMA if cfg.mma else _PARTIALS).get(key), _FINALIZE.get(key)
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
     return out

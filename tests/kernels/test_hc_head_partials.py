@@ -1,0 +1,119 @@
+"""The hc_head partials workspace, slot by slot, against float64 sums.
+
+The output test (tests/ops/test_hc_head.py) rounds to x.dtype, which hides errors below about
+2^-9 of a dot product; these check the fp32 partials themselves, so a dropped bf16 part of
+hc_fn (2^-17 relative) or a Gram term stored in the wrong slot fails here.
+"""
+
+import pytest
+import torch
+
+from dsv4spec.kernels import hc_head as kernels
+
+PAIRS = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+
+
+def partial_sums(x, hc_fn, rmsnorm, **tiling):
+    """The workspace reduced over splits, [T, 8 or 14] float64, after a NaN-poisoned start."""
+    T, _, H = x.shape
+    cfg, ws_shape, warps = kernels._plan(T, H, x.get_device(), rmsnorm, tiling.get("block_k"),
+                                         tiling.get("num_splits"), None, None,
+                                         tiling.get("block_t"), None, x.dtype,
+                                         tiling.get("mma"), None, tiling.get("sumsq_dot"))
+    ws = torch.full(ws_shape, float("nan"), device=x.device)
+    kernels._launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0])
+    assert not ws.isnan().any(), "a slot was left unwritten"
+    return ws.double().sum(-1), cfg
+
+
+def exact_sums(x, hc_fn, rmsnorm):
+    T, _, H = x.shape
+    xd = x.double()
+    dots = xd.reshape(T, 4 * H) @ hc_fn.double().T
+    gram = torch.einsum("tih,tjh->tij", xd, xd)
+    cols = [dots[:, j] for j in range(4)] + [gram[:, i, i] for i in range(4)]
+    if rmsnorm:
+        cols += [gram[:, i, j] for i, j in PAIRS]
+    # the scale each slot's rounding error is measured against: the sum of |terms|
+    xa, fa = xd.abs(), hc_fn.double().abs()
+    dot_scale = xa.reshape(T, 4 * H) @ fa.T
+    gram_scale = torch.einsum("tih,tjh->tij", xa, xa)
+    scale = [dot_scale[:, j] for j in range(4)] + [gram_scale[:, i, i] for i in range(4)]
+    if rmsnorm:
+        scale += [gram_scale[:, i, j] for i, j in PAIRS]
+    return torch.stack(cols, 1), torch.stack(scale, 1)
+
+
+def make(T, H, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, 4, H, generator=g).to(torch.bfloat16)
+    # hc_fn with a full 24-bit mantissa everywhere (not bf16-representable), so each of its three
+    # bf16 parts matters
+    hc_fn = torch.randn(4, 4 * H, generator=g, dtype=torch.float64).float() * (4 * H) ** -0.5
+    return x, hc_fn
+
+
+# fp32 sums of a few hundred terms: within 1e-7 of sum(|terms|) (measured: 1.4e-8 for the dots,
+# 9e-8 for the Gram sums). hc_fn as hi + mid only, without its lo part: 1.4e-6.
+REL_TOL = 3e-7
+
+
+@pytest.mark.parametrize("rmsnorm,sumsq_dot", [
+    pytest.param(False, True, id="hc_head, sum(x^2) from the Gram dot"),
+    pytest.param(False, False, id="hc_head, sum(x^2) summed"),
+    pytest.param(True, True, id="hc_head+rmsnorm"),  # its Gram sums always come from the dot
+])
+@pytest.mark.parametrize("T,H,block_t,block_k,num_splits", [
+    pytest.param(9, 100, 4, 16, 2, id="T=9 H=100: 3 token blocks, masked chunk and split"),
+    pytest.param(2, 48, 4, 32, 1, id="T=2 H=48: one block, half its rows past T"),
+])
+def test_mma_partials_match_float64(T, H, block_t, block_k, num_splits, rmsnorm, sumsq_dot):
+    x, hc_fn = make(T, H)
+    got, cfg = partial_sums(x, hc_fn, rmsnorm, mma=True, block_t=block_t, block_k=block_k,
+                            num_splits=num_splits, sumsq_dot=sumsq_dot)
+    assert cfg.mma and cfg.num_splits == num_splits
+    exact, scale = exact_sums(x, hc_fn, rmsnorm)
+    err = ((got - exact).abs() / scale).max().item()
+    assert err < REL_TOL, err
+
+
+def test_mma_partials_leave_nothing_past_the_workspace():
+    # The workspace sits inside a NaN-poisoned buffer: the kernel writes every slot of its
+    # [T, 14, splits] view (masked rows past T included) and nothing around it.
+    x, hc_fn = make(5, 64)
+    cfg, ws_shape, warps = kernels._plan(5, 64, -1, True, 16, 2, None, None, 4, None,
+                                         torch.bfloat16, True, None, None)
+    n = ws_shape[0] * ws_shape[1] * ws_shape[2]
+    buf = torch.full((n + 64,), float("nan"))
+    ws = buf[32:32 + n].view(ws_shape)
+    kernels._launch_partials(x, hc_fn, ws, cfg, True, warps[0])
+    assert buf[:32].isnan().all() and buf[32 + n:].isnan().all()
+    assert not ws.isnan().any()
+
+
+def test_mma_is_the_default_for_bf16_on_cuda_from_its_threshold_only(monkeypatch):
+    monkeypatch.setattr(kernels, "_num_sms", lambda device_index: 132)
+    T = kernels.MMA_MIN_TOKENS
+    assert kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.bfloat16)[0].mma
+    assert not kernels._plan(T - 1, 7168, 0, False, None, None, None,
+                             dtype=torch.bfloat16)[0].mma
+    assert not kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.float16)[0].mma
+    # the interpreter (device -1) never picks it by default
+    assert not kernels._plan(T, 7168, -1, False, None, None, None, dtype=torch.bfloat16)[0].mma
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.float32, mma=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+@pytest.mark.parametrize("H", [4096, 7168])
+def test_gpu_mma_partials_match_float64(H, rmsnorm):
+    # The default tensor-core plan at real widths, T a whole and a partial token block past the
+    # threshold; fp32 sums over 4H = 28672 terms stay within 1e-6 of sum(|terms|).
+    for T in (kernels.MMA_MIN_TOKENS, 1000):
+        x, hc_fn = make(T, H, seed=T)
+        x, hc_fn = x.cuda(), hc_fn.cuda()
+        got, cfg = partial_sums(x, hc_fn, rmsnorm)
+        assert cfg.mma
+        exact, scale = exact_sums(x, hc_fn, rmsnorm)
+        assert ((got - exact).abs() / scale).max().item() < 1e-6
