@@ -113,12 +113,12 @@ def test_our_kernels_pass_arguments_in_signature_order(monkeypatch):
     seen = []
     real = LaunchCache.launch
 
-    def spy(self, key, grid, args, constexprs, num_warps):
+    def spy(self, key, grid, args, constexprs, num_warps, **options):
         names = self.kernel.arg_names
         pointers = [isinstance(a, torch.Tensor) for a in args]
         seen.append(names[:len(args)] + list(constexprs) == names
                     and pointers == sorted(pointers, reverse=True))
-        return real(self, key, grid, args, constexprs, num_warps)
+        return real(self, key, grid, args, constexprs, num_warps, **options)
 
     monkeypatch.setattr(LaunchCache, "launch", spy)
     states = [torch.randn(9, 6) for _ in range(2)]

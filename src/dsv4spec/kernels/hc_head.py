@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 
@@ -71,8 +72,10 @@ def _hc_head_partials_kernel(
     T, H, NUM_SPLITS,
     stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
     GRAM: tl.constexpr, ACC_2D: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # let the finalize start now: it loads x and waits for these partials (sm_90+)
+        gdc_launch_dependents()
     # ACC_2D: [BLOCK_T, BLOCK_K] accumulators, so a chunk costs FMAs only and the cross-thread
     # sums run once per program; otherwise [BLOCK_T] ones, summed over h every chunk (fewer
     # registers). Which is faster depends on T, H and the RMSNorm (_plan).
@@ -146,8 +149,10 @@ def _hc_head_partials_mma_kernel(
     T, H, NUM_SPLITS,
     stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
     GRAM: tl.constexpr, SUMSQ_DOT: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     # The partials on tensor cores, bf16 x only. A tile holds 4 * BLOCK_T rows r = (t, i) of x
     # (token t, stream i). Its product with the [BLOCK_K, 16] tile of hc_fn whose column
     # c = (j, i') holds hc_fn[j, i' * H + h] gives, at c = (j, i), stream i's share of the dot
@@ -231,12 +236,30 @@ def _hc_head_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
     T, H, NUM_SPLITS, NUM_HBLOCKS, norm_eps, hc_eps,
     stride_xt, stride_xs, stride_wt, stride_wk, stride_ot,
-    RMSNORM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    RMSNORM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     # Last token first: launch 1 read x in token order, so its newest rows are still in L2.
     t = T - 1 - pid // NUM_HBLOCKS
     hb = pid % NUM_HBLOCKS
+    # Everything that does not depend on the partials first: with PDL these loads overlap the
+    # partials launch's tail instead of following it.
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    xr = x_ptr + t * stride_xt + offs_h
+    x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
+    x1 = tl.load(xr + stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    x2 = tl.load(xr + 2 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    x3 = tl.load(xr + 3 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr)
+    b0 = tl.load(base_ptr)
+    b1 = tl.load(base_ptr + 1)
+    b2 = tl.load(base_ptr + 2)
+    b3 = tl.load(base_ptr + 3)
+    if RMSNORM:
+        nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
+    if PDL:
+        gdc_wait()  # the partials launch has finished and its writes are visible
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < NUM_SPLITS
     ws = ws_ptr + t * stride_wt
@@ -246,22 +269,11 @@ def _hc_head_finalize_kernel(
     g33 = _total(ws, 7, stride_wk, offs_s, mask_s)
     # r = rsqrt(mean(xf^2) + eps) over all 4H values; sum(xf^2) = trace(G)
     r = 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + norm_eps)
-    scale = tl.load(scale_ptr)
-    w0 = tl.sigmoid(_total(ws, 0, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr))
-    w1 = tl.sigmoid(_total(ws, 1, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 1))
-    w2 = tl.sigmoid(_total(ws, 2, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 2))
-    w3 = tl.sigmoid(_total(ws, 3, stride_wk, offs_s, mask_s) * r * scale + tl.load(base_ptr + 3))
-    w0 += hc_eps
-    w1 += hc_eps
-    w2 += hc_eps
-    w3 += hc_eps
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    xr = x_ptr + t * stride_xt + offs_h
-    y = w0 * tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-    y += w1 * tl.load(xr + stride_xs, mask=mask_h, other=0.0).to(tl.float32)
-    y += w2 * tl.load(xr + 2 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
-    y += w3 * tl.load(xr + 3 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    w0 = tl.sigmoid(_total(ws, 0, stride_wk, offs_s, mask_s) * r * scale + b0) + hc_eps
+    w1 = tl.sigmoid(_total(ws, 1, stride_wk, offs_s, mask_s) * r * scale + b1) + hc_eps
+    w2 = tl.sigmoid(_total(ws, 2, stride_wk, offs_s, mask_s) * r * scale + b2) + hc_eps
+    w3 = tl.sigmoid(_total(ws, 3, stride_wk, offs_s, mask_s) * r * scale + b3) + hc_eps
+    y = w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
     # hc_head returns x.dtype; the RMSNorm then runs on that rounded y, as in the reference.
     y = _round_to(y, out_ptr.dtype.element_ty)
     if RMSNORM:
@@ -277,9 +289,14 @@ def _hc_head_finalize_kernel(
         yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
                      + w2 * w3 * g23)
         rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
-        nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
         y = _round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
+
+
+@functools.lru_cache(maxsize=None)
+def _supports_pdl(device_index: int) -> bool:
+    # griddepcontrol needs sm_90; not in the interpreter
+    return device_index >= 0 and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,10 +316,11 @@ class _Config(NamedTuple):
     mma: bool = False  # the tensor-core partials kernel (bf16 x)
     stages: int | None = None  # its software-pipeline depth (Triton's num_stages)
     sumsq_dot: bool = True  # its SUMSQ_DOT: sum(x^2) from the tile's Gram product
+    pdl: bool = False  # the finalize as a programmatic dependent launch (sm_90+)
 
 
 # The tensor-core partials: the default for bf16 x from this many tokens on (CUDA only)
-MMA_MIN_TOKENS = 128
+MMA_MIN_TOKENS = 256
 
 
 def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
@@ -313,13 +331,15 @@ def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
     # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
     # H = 7168 (scripts/tune_hc_head.py).
     if mma:
-        # 16-token (64-row) tiles, about 2 programs per SM, each a pipelined loop over 64-wide
-        # chunks (scripts/sweep_hc_head_mma.py)
+        # 16-token (64-row) tiles, 4 warps, a 3-stage pipeline over 64-wide chunks; about 5
+        # programs per SM but at most 16 chunks each (swept on the H200 at H = 7168, T = 256,
+        # 1024, 4096: scripts/sweep_hc_head_mma.py)
         block_t = block_t or 16
         block_k = block_k or 64
         n_chunks = triton.cdiv(H, block_k)
         if num_splits is None:
-            num_splits = min(n_chunks, triton.cdiv(2 * num_sms, triton.cdiv(T, block_t)))
+            num_splits = min(n_chunks, max(triton.cdiv(5 * num_sms, triton.cdiv(T, block_t)),
+                                           triton.cdiv(n_chunks, 16)))
         chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
         num_splits = triton.cdiv(n_chunks, chunks_per_split)
         block_h = block_h or (1024 if T <= 128 else 512)
@@ -394,14 +414,14 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
         _PARTIALS_MMA.launch(
             key, grid, args,
             {"GRAM": rmsnorm, "SUMSQ_DOT": cfg.sumsq_dot, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k},
+             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
             num_warps, cfg.stages,
         )
         return
     _PARTIALS.launch(
         key, grid, args,
         {"GRAM": rmsnorm, "ACC_2D": cfg.partials_2d, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-         "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k},
+         "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
         num_warps,
     )
 
@@ -422,15 +442,15 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
          T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
          x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0)),
         {"RMSNORM": rmsnorm, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
-         "BLOCK_H": cfg.block_h},
-        num_warps,
+         "BLOCK_H": cfg.block_h, "PDL": cfg.pdl},
+        num_warps, launch_pdl=cfg.pdl,
     )
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
-          sumsq_dot=None):
+          sumsq_dot=None, pdl=None):
     if mma is None:
         # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
         # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
@@ -445,6 +465,11 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
         partials_2d = rmsnorm and T * H >= 1024 * 7168
     cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
                           partials_2d, block_t, mma, stages, sumsq_dot)
+    if pdl is None:
+        pdl = _supports_pdl(device_index)
+    elif pdl and not _supports_pdl(device_index):
+        raise ValueError("pdl needs an sm_90+ GPU")
+    cfg = cfg._replace(pdl=pdl)
     if warps is None and (cfg.partials_2d or cfg.mma):
         warps = (4, 1)
     if warps is not None:
@@ -471,6 +496,7 @@ def hc_head_triton(
     mma: bool | None = None,
     stages: int | None = None,
     sumsq_dot: bool | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
 
@@ -478,7 +504,8 @@ def hc_head_triton(
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits``, ``block_h``, ``partials_2d``,
     ``block_t`` and ``warps`` (partials, finalize) override the tiling; ``mma`` picks the
     tensor-core partials kernel (bf16 x; by default on CUDA from ``MMA_MIN_TOKENS`` tokens),
-    ``stages`` its pipeline depth and ``sumsq_dot`` how it sums ``x^2``.
+    ``stages`` its pipeline depth and ``sumsq_dot`` how it sums ``x^2``; ``pdl`` launches the
+    finalize as a programmatic dependent launch (default on sm_90+ GPUs).
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
     workspace is reused per stream and shape, except while a CUDA graph is captured), two
@@ -491,7 +518,8 @@ def hc_head_triton(
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
-                                 partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot)
+                                 partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot,
+                                 pdl)
     ws = _workspace(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))

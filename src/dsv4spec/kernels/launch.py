@@ -10,11 +10,12 @@ on the H200's host, 13.7 µs for an empty kernel and about 30 µs for a kernel w
 launch returned, with every argument but the pointers bound; a later call with the same key
 passes only the pointers' device addresses to the kernel's C launcher (Inductor launches its
 generated kernels the same way). The key must capture everything Triton specialises on and
-everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps`` and
-``num_stages``, the pointer dtypes and each pointer's 16-byte alignment. Where the cache cannot
-apply (the CPU interpreter, a launch hook installed, e.g. by a profiler) every call goes through
-``kernel[grid](...)``. Hooks are checked when a key is first launched: install a profiler's hooks
-before the first call of a shape, or launch inside ``LaunchCache.disabled()``.
+everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``,
+``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
+Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler)
+every call goes through ``kernel[grid](...)``. Hooks are checked when a key is first launched:
+install a profiler's hooks before the first call of a shape, or launch inside
+``LaunchCache.disabled()``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class LaunchCache:
 
     def launch(
         self, key: Hashable, grid: tuple[int, int, int], args: Sequence, constexprs: dict,
-        num_warps: int, num_stages: int | None = None,
+        num_warps: int, num_stages: int | None = None, launch_pdl: bool = False,
     ) -> None:
         names = self.kernel.arg_names
         if len(names) != len(args) + len(constexprs) or list(constexprs) != names[len(args):]:
@@ -87,6 +88,8 @@ class LaunchCache:
         options = {"num_warps": num_warps}
         if num_stages is not None:
             options["num_stages"] = num_stages
+        if launch_pdl:  # a programmatic dependent launch (sm_90+): it may start early
+            options["launch_pdl"] = True
         compiled = self.kernel[grid](*args, **constexprs, **options)
         if (compiled is None or interpreter_enabled() or _hooks_installed()
                 or not LaunchCache.enabled):
