@@ -149,7 +149,7 @@ def _hc_head_partials_mma_kernel(
     T, H, NUM_SPLITS,
     stride_xt, stride_xs, stride_fn, stride_wt, stride_wk,
     GRAM: tl.constexpr, SUMSQ_DOT: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, X_POLICY: tl.constexpr,
 ):
     if PDL:
         gdc_launch_dependents()
@@ -180,7 +180,7 @@ def _hc_head_partials_mma_kernel(
         offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_h = offs_h < H
         xt = tl.load(rows[:, None] + offs_h[None, :], mask=mask_r[:, None] & mask_h[None, :],
-                     other=0.0)
+                     other=0.0, eviction_policy=X_POLICY)
         f = tl.load(fn_cols[None, :] + offs_h[:, None], mask=mask_h[:, None], other=0.0)
         hi = f.to(tl.bfloat16)
         rest = f - hi.to(tl.float32)
@@ -232,11 +232,17 @@ def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
 
 
 @triton.jit
+def _load_f32(ptrs, mask, POLICY: tl.constexpr):
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+
+
+@triton.jit
 def _hc_head_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
     T, H, NUM_SPLITS, NUM_HBLOCKS, norm_eps, hc_eps,
     stride_xt, stride_xs, stride_wt, stride_wk, stride_ot,
     RMSNORM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    X_POLICY: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     # Last token first: launch 1 read x in token order, so its newest rows are still in L2.
@@ -247,10 +253,10 @@ def _hc_head_finalize_kernel(
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     xr = x_ptr + t * stride_xt + offs_h
-    x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-    x1 = tl.load(xr + stride_xs, mask=mask_h, other=0.0).to(tl.float32)
-    x2 = tl.load(xr + 2 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
-    x3 = tl.load(xr + 3 * stride_xs, mask=mask_h, other=0.0).to(tl.float32)
+    x0 = _load_f32(xr, mask_h, X_POLICY)
+    x1 = _load_f32(xr + stride_xs, mask_h, X_POLICY)
+    x2 = _load_f32(xr + 2 * stride_xs, mask_h, X_POLICY)
+    x3 = _load_f32(xr + 3 * stride_xs, mask_h, X_POLICY)
     scale = tl.load(scale_ptr)
     b0 = tl.load(base_ptr)
     b1 = tl.load(base_ptr + 1)
@@ -414,6 +420,7 @@ class _Config(NamedTuple):
     stages: int | None = None  # its software-pipeline depth (Triton's num_stages)
     sumsq_dot: bool = True  # its SUMSQ_DOT: sum(x^2) from the tile's Gram product
     pdl: bool = False  # the finalize as a programmatic dependent launch (sm_90+)
+    evict_hints: bool = False  # x kept in L2 by the partials (evict_last), dropped by the finalize
 
 
 # The tensor-core partials: the default for bf16 x from this many tokens on (CUDA only)
@@ -515,7 +522,8 @@ def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int =
         _PARTIALS_MMA.launch(
             key, grid, args,
             {"GRAM": rmsnorm, "SUMSQ_DOT": cfg.sumsq_dot, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
+             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl,
+             "X_POLICY": "evict_last" if cfg.evict_hints else ""},
             num_warps, cfg.stages,
         )
         return
@@ -543,7 +551,8 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
          T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
          x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0)),
         {"RMSNORM": rmsnorm, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
-         "BLOCK_H": cfg.block_h, "PDL": cfg.pdl},
+         "BLOCK_H": cfg.block_h, "PDL": cfg.pdl,
+         "X_POLICY": "evict_first" if cfg.evict_hints else ""},
         num_warps, launch_pdl=cfg.pdl,
     )
 
@@ -560,6 +569,7 @@ _SYNC_POOLS: dict = {}  # device index -> [pool tensor, next free slot]
 _SYNC_EAGER: dict = {}  # (device index, raw stream) -> slot
 ONE_LAUNCH_MAX_TOKENS = 4
 ONE_LAUNCH_BLOCK_H = 128
+ONE_LAUNCH_COOPERATIVE = True  # a cooperative launch: all programs resident, or an error
 
 
 def _sync_slot(device_index: int, device: torch.device) -> torch.Tensor | None:
@@ -609,19 +619,19 @@ def _launch_one(x, hc_fn, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps,
                                num_warps)
         return
     key = (T, H, x.dtype, rmsnorm, device_index, float(norm_eps), float(hc_eps), block_h,
-           num_warps, alignment_key(*(t.data_ptr() for t in tensors)))
+           num_warps, ONE_LAUNCH_COOPERATIVE, alignment_key(*(t.data_ptr() for t in tensors)))
     direct = _ONE_LAUNCH.get(key)
     if direct is not None:
         direct(*(t.data_ptr() for t in tensors))
         return
     _ONE_LAUNCH.launch(key, (programs, 1, 1), args, constexprs, num_warps,
-                       launch_cooperative_grid=True)
+                       launch_cooperative_grid=ONE_LAUNCH_COOPERATIVE)
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
-          sumsq_dot=None, pdl=None):
+          sumsq_dot=None, pdl=None, evict_hints=None):
     if mma is None:
         # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
         # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
@@ -640,7 +650,7 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
         pdl = _supports_pdl(device_index)
     elif pdl and not _supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
-    cfg = cfg._replace(pdl=pdl)
+    cfg = cfg._replace(pdl=pdl, evict_hints=bool(evict_hints))
     if warps is None and (cfg.partials_2d or cfg.mma):
         warps = (4, 1)
     if warps is not None:
@@ -669,6 +679,7 @@ def hc_head_triton(
     sumsq_dot: bool | None = None,
     pdl: bool | None = None,
     one_launch: bool | None = None,
+    evict_hints: bool | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
 
@@ -709,7 +720,7 @@ def hc_head_triton(
             return out
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
                                  partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot,
-                                 pdl)
+                                 pdl, evict_hints)
     ws = _workspace(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))
