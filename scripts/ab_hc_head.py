@@ -3,9 +3,9 @@
     PYTHONPATH=src python3 scripts/ab_hc_head.py OUT_DIR [T ...]
 
 For H in {4096, 7168} and T from 1 to 4096 (bf16): the two-launch call with the CUDA-core or the
-tensor-core partials (``mma``; T >= 64 only), each with and without the finalize as a
-programmatic dependent launch (``pdl``), and at T <= 4 the one-launch kernel at five tilings;
-plain and with the RMSNorm. Device time per call in a
+tensor-core partials (``mma``; T >= 64 only, with and without its L2 eviction hints), each with
+and without the finalize as a programmatic dependent launch (``pdl``); plain and with the
+RMSNorm. Device time per call in a
 CUDA graph (``time_in_graph``, median); at T <= 64 also the eager wall time per call (all
 variants interleaved, ``time_eager_side_by_side``). Every variant's output is first checked
 against the reference (2 bf16 ulps; the
@@ -21,14 +21,11 @@ import torch
 
 from dsv4spec.bench.common import environment, time_eager_side_by_side, time_in_graph
 from dsv4spec.bench.hc_head import make_inputs
-from dsv4spec.kernels import hc_head as kernels
 from dsv4spec.kernels.hc_head import hc_head_triton
 from dsv4spec.ops.hc_head import hc_head_reference, hc_head_rmsnorm_reference
 
 EPS = {"norm_eps": 1e-6, "hc_eps": 1e-6}
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]
-# the one-launch kernel launched as a plain (not cooperative) grid: variants "..._plain"
-PLAIN_ONE_LAUNCH = True
 
 
 def beyond_2_ulps(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -42,16 +39,11 @@ def beyond_2_ulps(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 
 def variants(T: int) -> dict[str, dict]:
-    out = {"cuda_core": dict(mma=False, pdl=False, one_launch=False),
-           "cuda_core_pdl": dict(mma=False, pdl=True, one_launch=False)}
+    out = {"cuda_core": dict(mma=False, pdl=False), "cuda_core_pdl": dict(mma=False, pdl=True)}
     if T >= 64:
-        out["mma"] = dict(mma=True, pdl=False)
+        out["mma"] = dict(mma=True, pdl=False)  # with the L2 hints (the default)
         out["mma_pdl"] = dict(mma=True, pdl=True)
-        out["mma_evict"] = dict(mma=True, pdl=False, evict_hints=True)
-    if T <= 4:
-        for block_h, warps in ((64, 1), (128, 1)):
-            out[f"one_launch_{block_h}_{warps}w"] = dict(one_launch=True, block_h=block_h,
-                                                         warps=(warps, 1))
+        out["mma_no_evict"] = dict(mma=True, pdl=False, evict_hints=False)
     return out
 
 
@@ -77,12 +69,6 @@ def main() -> None:
                 row[f"{name}_mismatch"] = beyond  # timed all the same; the GPU tests decide
             row[name] = round(time_in_graph(call, rep_ms=5)["median_us"], 2)
             calls[name] = call
-            if PLAIN_ONE_LAUNCH and kw.get("one_launch"):
-                kernels.ONE_LAUNCH_COOPERATIVE = False
-                if beyond := beyond_2_ulps(call(), refs[norm]):
-                    row[f"{name}_plain_mismatch"] = beyond
-                row[f"{name}_plain"] = round(time_in_graph(call, rep_ms=5)["median_us"], 2)
-                kernels.ONE_LAUNCH_COOPERATIVE = True
         if T <= 64:
             eager = time_eager_side_by_side(calls)
             row.update({f"{k}_eager": round(v["median_us"], 2) for k, v in eager.items()})

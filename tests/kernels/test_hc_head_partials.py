@@ -91,19 +91,30 @@ def test_mma_partials_leave_nothing_past_the_workspace():
     assert not ws.isnan().any()
 
 
-def test_mma_is_the_default_for_bf16_on_cuda_from_its_threshold_only(monkeypatch):
+def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
     monkeypatch.setattr(kernels, "_num_sms", lambda device_index: 132)
     monkeypatch.setattr(kernels, "_supports_pdl", lambda device_index: device_index >= 0)
     kernels._plan.cache_clear()
-    T = kernels.MMA_MIN_TOKENS
-    assert kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.bfloat16)[0].mma
-    assert not kernels._plan(T - 1, 7168, 0, False, None, None, None,
-                             dtype=torch.bfloat16)[0].mma
-    assert not kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.float16)[0].mma
-    # the interpreter (device -1) never picks it by default
-    assert not kernels._plan(T, 7168, -1, False, None, None, None, dtype=torch.bfloat16)[0].mma
+
+    def plan(T, H, device=0, dtype=torch.bfloat16, **kw):
+        return kernels._plan(T, H, device, False, None, None, None, dtype=dtype, **kw)[0]
+
+    # tensor cores for bf16 on CUDA from T * H = MMA_MIN_ELEMENTS on
+    assert plan(256, 7168).mma and plan(512, 4096).mma
+    assert not plan(255, 7168).mma and not plan(256, 4096).mma
+    assert not plan(1024, 7168, dtype=torch.float16).mma
+    assert not plan(1024, 7168, device=-1).mma  # the interpreter multiplies bf16 as integers
     with pytest.raises(ValueError, match="bfloat16"):
-        kernels._plan(T, 7168, 0, False, None, None, None, dtype=torch.float32, mma=True)
+        plan(256, 7168, dtype=torch.float32, mma=True)
+    # the finalize as a dependent launch up to PDL_MAX_TOKENS, never in the interpreter
+    assert plan(kernels.PDL_MAX_TOKENS, 7168).pdl and not plan(kernels.PDL_MAX_TOKENS + 1, 7168).pdl
+    assert not plan(1, 7168, device=-1).pdl
+    with pytest.raises(ValueError, match="sm_90"):
+        plan(1, 7168, device=-1, pdl=True)
+    # L2 hints with the tensor-core partials only, unless asked for
+    assert plan(1024, 7168).evict_hints and not plan(64, 7168).evict_hints
+    assert not plan(1024, 7168, evict_hints=False).evict_hints
+    kernels._plan.cache_clear()
 
 
 @pytest.mark.gpu
@@ -112,7 +123,7 @@ def test_mma_is_the_default_for_bf16_on_cuda_from_its_threshold_only(monkeypatch
 def test_gpu_mma_partials_match_float64(H, rmsnorm):
     # The default tensor-core plan at real widths, T a whole and a partial token block past the
     # threshold.
-    for T in (kernels.MMA_MIN_TOKENS, 1000):
+    for T in (kernels.MMA_MIN_ELEMENTS // H, 1000):
         x, hc_fn = make(T, H, seed=T)
         x, hc_fn = x.cuda(), hc_fn.cuda()
         got, cfg = partial_sums(x, hc_fn, rmsnorm)

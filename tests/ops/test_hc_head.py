@@ -208,47 +208,6 @@ def test_mma_partials_in_bf16_match_reference(rmsnorm, eps):
         assert_close(out, hc_head_reference(x, fn, sc, base, **eps), torch.bfloat16)
 
 
-@pytest.mark.parametrize("eps", EPS_SETS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
-@pytest.mark.parametrize("T", [1, 3, 4])
-def test_one_launch_matches_reference(T, rmsnorm, dtype, eps):
-    # H = 100 over 32-wide programs: 4 programs, the last one partly past H; T = 3 leaves one
-    # of the 4 token rows masked. In the interpreter the barrier runs as two launches.
-    from dsv4spec.kernels import hc_head as kernels
-
-    x, fn, sc, base, nw = make_inputs(T, 100, dtype)
-    nw = nw if rmsnorm else None
-    out = hc_head_triton(x, fn, sc, base, eps["norm_eps"], eps["hc_eps"], nw, block_h=32,
-                         one_launch=True)
-    if rmsnorm:
-        assert_close(out, hc_head_rmsnorm_reference(x, fn, sc, base, nw, **eps), dtype, 2)
-    else:
-        assert_close(out, hc_head_reference(x, fn, sc, base, **eps), dtype)
-    sync = kernels._SYNC_POOLS[-1][0]
-    assert sync[0::2].eq(0).all(), "a launch must leave every slot's arrivals at 0"
-
-
-def test_one_launch_barrier_state_and_limits():
-    from dsv4spec.kernels import hc_head as kernels
-
-    x, fn, sc, base, _ = make_inputs(2, 40, torch.float32)
-    hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, block_h=16, one_launch=True)
-    pool = kernels._SYNC_POOLS[-1][0]
-    slot = kernels._SYNC_EAGER[(-1, 0)]
-    before = pool[2 * slot + 1].item()
-    for block_h in (16, 32, 64):  # 3, 2 and 1 programs share the stream's slot in turn
-        y = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, block_h=block_h, one_launch=True)
-        assert_close(y, hc_head_reference(x, fn, sc, base, **EPS), torch.float32)
-    assert pool[2 * slot].item() == 0 and pool[2 * slot + 1].item() == before + 3
-    assert kernels._SYNC_EAGER[(-1, 0)] == slot  # one slot per stream
-    with pytest.raises(ValueError, match="one_launch takes at most 4 tokens"):
-        hc_head_triton(*make_inputs(5, 40, torch.float32)[:4], 1e-6, 1e-6, one_launch=True)
-    # the interpreter's default is the two-launch path (its barrier needs the GPU)
-    hc_head_triton(x, fn, sc, base, 1e-6, 1e-6)
-    assert pool[2 * slot + 1].item() == before + 3
-
-
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
 def test_2d_partials_in_bf16_match_reference(rmsnorm):
     x, fn, sc, base, nw = make_inputs(9, 100, torch.bfloat16)
@@ -458,43 +417,6 @@ def test_gpu_cuda_graph_replay(H, impl, rmsnorm):
 
 
 @pytest.mark.gpu
-def test_gpu_one_launch_back_to_back_and_in_graphs():
-    """T <= 4 runs in one launch with a grid barrier: one kernel per call; calls of different
-    widths and token counts share a stream's barrier slot back to back; graphs get their own
-    slots and replay in any order."""
-    from dsv4spec.bench.common import count_kernels
-    from dsv4spec.kernels import hc_head as kernels
-
-    cases = [make_inputs(T, H, torch.bfloat16, "cuda", seed=T + H)
-             for T in (1, 2, 3, 4) for H in (4096, 7168)]
-    for x, fn, sc, base, nw in cases:
-        assert count_kernels(lambda: hc_head(x, fn, sc, base, **EPS, impl="triton")) == 1
-        assert count_kernels(lambda: hc_head_rmsnorm(x, fn, sc, base, nw, **EPS,
-                                                     impl="triton")) == 1
-    outs = [[] for _ in cases]
-    for _ in range(50):  # 800 launches queued back to back, one synchronize
-        for i, (x, fn, sc, base, nw) in enumerate(cases):
-            outs[i].append(hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
-                           if i % 2 else hc_head(x, fn, sc, base, **EPS, impl="triton"))
-    torch.cuda.synchronize()
-    for i, (x, fn, sc, base, nw) in enumerate(cases):
-        ref = (hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS) if i % 2
-               else hc_head_reference(x, fn, sc, base, **EPS))
-        assert_close(outs[i][0], ref, torch.bfloat16, 2)
-        assert all(torch.equal(o, outs[i][0]) for o in outs[i])
-    taken = kernels._SYNC_POOLS[torch.cuda.current_device()][1]
-    graphs = [_capture(lambda c=c: hc_head(c[0], c[1], c[2], c[3], **EPS, impl="triton"))
-              for c in cases[:2]]
-    assert kernels._SYNC_POOLS[torch.cuda.current_device()][1] >= taken + 2  # + warm-up streams
-    for _ in range(3):
-        for (graph, out), (x, fn, sc, base, _) in zip(reversed(graphs), reversed(cases[:2])):
-            x.copy_(torch.randn_like(x))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert_close(out, hc_head_reference(x, fn, sc, base, **EPS), torch.bfloat16)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("T", [4, 256])
 def test_gpu_kernels_per_call(T):
     from dsv4spec.bench.common import count_kernels
@@ -520,17 +442,11 @@ def test_gpu_kernels_per_call(T):
 def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
     """The cached compiled kernels (direct launches) give bit-identical output to Triton's own
     dispatch, across T, widths, an unaligned x view and large epsilons."""
-    from dsv4spec.kernels.hc_head import (
-        _FINALIZE,
-        _ONE_LAUNCH,
-        _PARTIALS,
-        _PARTIALS_MMA,
-        ONE_LAUNCH_MAX_TOKENS,
-    )
+    from dsv4spec.kernels.hc_head import _FINALIZE, _PARTIALS, _PARTIALS_MMA
     from dsv4spec.kernels.launch import LaunchCache
 
     def launches():
-        return sum(c.direct_launches for c in (_PARTIALS, _PARTIALS_MMA, _FINALIZE, _ONE_LAUNCH))
+        return sum(c.direct_launches for c in (_PARTIALS, _PARTIALS_MMA, _FINALIZE))
 
     for H in (4096, 7168):
         for T in (1, 4, 64, 1024):
@@ -550,6 +466,6 @@ def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
                 call()  # fills the cache
                 direct = launches()
                 out = call()
-                assert launches() == direct + (1 if T <= ONE_LAUNCH_MAX_TOKENS else 2)
+                assert launches() == direct + 2
                 torch.cuda.synchronize()
                 assert torch.equal(out, expected), (H, T, eps)

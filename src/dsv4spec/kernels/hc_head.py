@@ -186,11 +186,12 @@ def _hc_head_partials_mma_kernel(
         rest = f - hi.to(tl.float32)
         mid = rest.to(tl.bfloat16)
         lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(xt, hi, acc)
-        acc = tl.dot(xt, mid, acc)
-        acc = tl.dot(xt, lo, acc)
+        # The tensor cores truncate as they accumulate, so each chunk's products start from
+        # zero (smallest parts first) and the chunks add up in fp32 registers, rounded: over
+        # 4H = 28672 terms one long chain lost 1.6e-6 of sum(x^2) (benchmarks/NOTES.md).
+        acc += tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
         if GRAM or SUMSQ_DOT:
-            gram = tl.dot(xt, tl.trans(xt), gram)
+            gram += tl.dot(xt, tl.trans(xt))
         else:
             xf = xt.to(tl.float32)
             sumsq += tl.sum(xf * xf, axis=1)
@@ -299,103 +300,6 @@ def _hc_head_finalize_kernel(
     tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
 
 
-@triton.jit
-def _hc_head_one_launch_kernel(
-    x_ptr, fn_ptr, ws_ptr, sync_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
-    T, H, norm_eps, hc_eps,
-    stride_xt, stride_xs, stride_fn, stride_ot,
-    RMSNORM: tl.constexpr, PHASE: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    # hc_head for T <= BLOCK_T tokens in one launch of NUM_PROGRAMS co-resident programs, each
-    # owning BLOCK_H columns of all 4 streams: it sums its columns' share of the dot products and
-    # Gram entries into ws[k, t, program], meets the others at a grid barrier, sums every
-    # program's shares (a few hundred floats from L2), and writes its columns of y from the x it
-    # still holds. x is read once and no program waits on one that is not running.
-    # PHASE 0 does all of it (GPU). The interpreter runs programs one after another, where a
-    # barrier cannot work: PHASE 1 (shares and arrival) then PHASE 2 (the rest) emulate it.
-    pid = tl.program_id(0)
-    offs_t = tl.arange(0, BLOCK_T)
-    mask_t = offs_t < T
-    offs_h = pid * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    mask = mask_t[:, None] & mask_h[None, :]
-    rows = x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_h[None, :]
-    x0 = tl.load(rows, mask=mask, other=0.0).to(tl.float32)
-    x1 = tl.load(rows + stride_xs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(rows + 2 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-    x3 = tl.load(rows + 3 * stride_xs, mask=mask, other=0.0).to(tl.float32)
-    count_ptr = sync_ptr
-    generation_ptr = sync_ptr + 1
-    # ws[k, t, p]: slots as in _hc_head_partials_kernel, one share per program
-    ws_own = ws_ptr + offs_t * NUM_PROGRAMS + pid
-    slot = T * NUM_PROGRAMS
-    if PHASE != 2:
-        # read before arriving: the last arrival may advance the generation at any moment after
-        generation = tl.atomic_add(generation_ptr, 0, sem="acquire", scope="gpu")
-        for j in tl.static_range(4):
-            share = tl.sum(_row_terms(fn_ptr + j * stride_fn, H, offs_h, mask_h, x0, x1, x2, x3),
-                           axis=1)
-            tl.store(ws_own + j * slot, share, mask=mask_t)
-        tl.store(ws_own + 4 * slot, tl.sum(x0 * x0, axis=1), mask=mask_t)
-        tl.store(ws_own + 5 * slot, tl.sum(x1 * x1, axis=1), mask=mask_t)
-        tl.store(ws_own + 6 * slot, tl.sum(x2 * x2, axis=1), mask=mask_t)
-        tl.store(ws_own + 7 * slot, tl.sum(x3 * x3, axis=1), mask=mask_t)
-        if RMSNORM:
-            tl.store(ws_own + 8 * slot, tl.sum(x0 * x1, axis=1), mask=mask_t)
-            tl.store(ws_own + 9 * slot, tl.sum(x0 * x2, axis=1), mask=mask_t)
-            tl.store(ws_own + 10 * slot, tl.sum(x0 * x3, axis=1), mask=mask_t)
-            tl.store(ws_own + 11 * slot, tl.sum(x1 * x2, axis=1), mask=mask_t)
-            tl.store(ws_own + 12 * slot, tl.sum(x1 * x3, axis=1), mask=mask_t)
-            tl.store(ws_own + 13 * slot, tl.sum(x2 * x3, axis=1), mask=mask_t)
-        tl.debug_barrier()  # every thread's shares are written before the arrival is released
-        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_PROGRAMS - 1:
-            # the last to arrive: rearm the counter for the next launch, then open the barrier
-            tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
-            tl.atomic_add(generation_ptr, 1, sem="release", scope="gpu")
-        elif PHASE == 0:
-            while tl.atomic_add(generation_ptr, 0, sem="acquire", scope="gpu") == generation:
-                pass
-        tl.debug_barrier()
-    if PHASE != 1:
-        scale = tl.load(scale_ptr)
-        offs_p = tl.arange(0, BLOCK_P)
-        shares = ws_ptr + offs_t[:, None] * NUM_PROGRAMS + offs_p[None, :]
-        mask_s = mask_t[:, None] & (offs_p < NUM_PROGRAMS)[None, :]
-        g00 = tl.sum(tl.load(shares + 4 * slot, mask=mask_s, other=0.0), axis=1)
-        g11 = tl.sum(tl.load(shares + 5 * slot, mask=mask_s, other=0.0), axis=1)
-        g22 = tl.sum(tl.load(shares + 6 * slot, mask=mask_s, other=0.0), axis=1)
-        g33 = tl.sum(tl.load(shares + 7 * slot, mask=mask_s, other=0.0), axis=1)
-        r = 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + norm_eps)
-        m0 = tl.sum(tl.load(shares, mask=mask_s, other=0.0), axis=1)
-        m1 = tl.sum(tl.load(shares + slot, mask=mask_s, other=0.0), axis=1)
-        m2 = tl.sum(tl.load(shares + 2 * slot, mask=mask_s, other=0.0), axis=1)
-        m3 = tl.sum(tl.load(shares + 3 * slot, mask=mask_s, other=0.0), axis=1)
-        w0 = tl.sigmoid(m0 * r * scale + tl.load(base_ptr)) + hc_eps
-        w1 = tl.sigmoid(m1 * r * scale + tl.load(base_ptr + 1)) + hc_eps
-        w2 = tl.sigmoid(m2 * r * scale + tl.load(base_ptr + 2)) + hc_eps
-        w3 = tl.sigmoid(m3 * r * scale + tl.load(base_ptr + 3)) + hc_eps
-        y = w0[:, None] * x0 + w1[:, None] * x1 + w2[:, None] * x2 + w3[:, None] * x3
-        y = _round_to(y, out_ptr.dtype.element_ty)
-        if RMSNORM:
-            g01 = tl.sum(tl.load(shares + 8 * slot, mask=mask_s, other=0.0), axis=1)
-            g02 = tl.sum(tl.load(shares + 9 * slot, mask=mask_s, other=0.0), axis=1)
-            g03 = tl.sum(tl.load(shares + 10 * slot, mask=mask_s, other=0.0), axis=1)
-            g12 = tl.sum(tl.load(shares + 11 * slot, mask=mask_s, other=0.0), axis=1)
-            g13 = tl.sum(tl.load(shares + 12 * slot, mask=mask_s, other=0.0), axis=1)
-            g23 = tl.sum(tl.load(shares + 13 * slot, mask=mask_s, other=0.0), axis=1)
-            yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
-            yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
-                         + w2 * w3 * g23)
-            rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
-            nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
-            y = _round_to(y.to(tl.float32) * rstd[:, None] * nw[None, :],
-                          out_ptr.dtype.element_ty)
-        out = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_h[None, :]
-        tl.store(out, y, mask=mask)
-
-
 @functools.lru_cache(maxsize=None)
 def _supports_pdl(device_index: int) -> bool:
     # griddepcontrol needs sm_90; not in the interpreter
@@ -423,8 +327,13 @@ class _Config(NamedTuple):
     evict_hints: bool = False  # x kept in L2 by the partials (evict_last), dropped by the finalize
 
 
-# The tensor-core partials: the default for bf16 x from this many tokens on (CUDA only)
-MMA_MIN_TOKENS = 256
+# The tensor-core partials: the default for bf16 x on CUDA from T * H = this on (at H = 7168
+# from T = 256, at H = 4096 from T = 512: results/ab_hc_head_all_t.json)
+MMA_MIN_ELEMENTS = 256 * 7168
+# The finalize as a programmatic dependent launch: the default up to this many tokens, where
+# it saved 0.3-0.8 µs in a graph; from T = 64 on it was slower as often as faster, and with the
+# RMSNorm up to 11 % slower at T = 4096 (results/ab_hc_head_all_t.json).
+PDL_MAX_TOKENS = 16
 
 
 def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
@@ -557,77 +466,6 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
     )
 
 
-_ONE_LAUNCH = LaunchCache(_hc_head_one_launch_kernel)
-# The one-launch kernel's barrier state, 2 int32 per slot (arrivals, generation), in one zeroed
-# pool per device made outside graph capture. A launch leaves its slot's arrivals at 0 and its
-# generation advanced, so launches that follow one another may share a slot; launches that may
-# overlap may not. Eager calls use one slot per stream (calls on a stream run in order); a call
-# being captured takes a slot of its own, so every graph has its own (replays of one graph run
-# in order, on whatever stream). With no pool yet, or none left, calls use two launches.
-SYNC_SLOTS = 4096
-_SYNC_POOLS: dict = {}  # device index -> [pool tensor, next free slot]
-_SYNC_EAGER: dict = {}  # (device index, raw stream) -> slot
-ONE_LAUNCH_MAX_TOKENS = 4
-ONE_LAUNCH_BLOCK_H = 128
-ONE_LAUNCH_COOPERATIVE = True  # a cooperative launch: all programs resident, or an error
-
-
-def _sync_slot(device_index: int, device: torch.device) -> torch.Tensor | None:
-    capturing = device_index >= 0 and torch._C._cuda_isCurrentStreamCapturing()
-    pool = _SYNC_POOLS.get(device_index)
-    if pool is None:
-        if capturing:
-            return None
-        pool = _SYNC_POOLS[device_index] = [torch.zeros(2 * SYNC_SLOTS, dtype=torch.int32,
-                                                        device=device), 0]
-    if not capturing:
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index)
-               if device_index >= 0 else 0)
-        slot = _SYNC_EAGER.get(key)
-        if slot is not None:
-            return pool[0][2 * slot:2 * slot + 2]
-    if pool[1] == SYNC_SLOTS:
-        return None
-    slot, pool[1] = pool[1], pool[1] + 1
-    if not capturing:
-        _SYNC_EAGER[key] = slot
-    return pool[0][2 * slot:2 * slot + 2]
-
-
-def _one_launch_programs(H: int, block_h: int) -> int:
-    return triton.cdiv(H, block_h)
-
-
-def _launch_one(x, hc_fn, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, sync,
-                block_h: int, num_warps: int) -> None:
-    T, _, H = x.shape
-    rmsnorm = norm_weight is not None
-    weight = norm_weight if rmsnorm else hc_base
-    programs = _one_launch_programs(H, block_h)
-    device_index = x.get_device()
-    ws = _workspace(x, (14 if rmsnorm else 8, T, programs), device_index)
-    tensors = (x, hc_fn, ws, sync, hc_scale, hc_base, weight, out)
-    args = (*tensors, T, H, float(norm_eps), float(hc_eps), x.stride(0), x.stride(1),
-            hc_fn.stride(0), out.stride(0))
-    constexprs = {"RMSNORM": rmsnorm, "PHASE": 0, "NUM_PROGRAMS": programs,
-                  "BLOCK_P": triton.next_power_of_2(programs),
-                  "BLOCK_T": triton.next_power_of_2(T), "BLOCK_H": block_h}
-    if device_index < 0:
-        # the interpreter runs programs in turn: the barrier as two launches (see the kernel)
-        for phase in (1, 2):
-            _ONE_LAUNCH.launch(None, (programs, 1, 1), args, {**constexprs, "PHASE": phase},
-                               num_warps)
-        return
-    key = (T, H, x.dtype, rmsnorm, device_index, float(norm_eps), float(hc_eps), block_h,
-           num_warps, ONE_LAUNCH_COOPERATIVE, alignment_key(*(t.data_ptr() for t in tensors)))
-    direct = _ONE_LAUNCH.get(key)
-    if direct is not None:
-        direct(*(t.data_ptr() for t in tensors))
-        return
-    _ONE_LAUNCH.launch(key, (programs, 1, 1), args, constexprs, num_warps,
-                       launch_cooperative_grid=ONE_LAUNCH_COOPERATIVE)
-
-
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
@@ -635,7 +473,7 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
     if mma is None:
         # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
         # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
-        mma = dtype is torch.bfloat16 and device_index >= 0 and T >= MMA_MIN_TOKENS
+        mma = dtype is torch.bfloat16 and device_index >= 0 and T * H >= MMA_MIN_ELEMENTS
     elif mma and dtype is not None and dtype is not torch.bfloat16:
         raise ValueError(f"the tensor-core partials need bfloat16 x, got {dtype}")
     if partials_2d is None and not mma:
@@ -647,10 +485,14 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
     cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
                           partials_2d, block_t, mma, stages, sumsq_dot)
     if pdl is None:
-        pdl = _supports_pdl(device_index)
+        pdl = T <= PDL_MAX_TOKENS and _supports_pdl(device_index)
     elif pdl and not _supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
-    cfg = cfg._replace(pdl=pdl, evict_hints=bool(evict_hints))
+    if evict_hints is None:
+        # x (> 50 MB at T = 1024, H = 7168) kept in L2 by the partials and dropped by the
+        # finalize: 40.7 -> 38.9 µs there (results/ab_hc_head_one_launch_evict.json)
+        evict_hints = cfg.mma
+    cfg = cfg._replace(pdl=pdl, evict_hints=evict_hints)
     if warps is None and (cfg.partials_2d or cfg.mma):
         warps = (4, 1)
     if warps is not None:
@@ -678,7 +520,6 @@ def hc_head_triton(
     stages: int | None = None,
     sumsq_dot: bool | None = None,
     pdl: bool | None = None,
-    one_launch: bool | None = None,
     evict_hints: bool | None = None,
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
@@ -688,9 +529,9 @@ def hc_head_triton(
     ``block_t`` and ``warps`` (partials, finalize) override the tiling; ``mma`` picks the
     tensor-core partials kernel (bf16 x; by default on CUDA from ``MMA_MIN_TOKENS`` tokens),
     ``stages`` its pipeline depth and ``sumsq_dot`` how it sums ``x^2``; ``pdl`` launches the
-    finalize as a programmatic dependent launch (default on sm_90+ GPUs). ``one_launch`` runs
-    T <= ``ONE_LAUNCH_MAX_TOKENS`` tokens in one launch with a grid barrier (default on CUDA;
-    ``block_h`` and ``warps[0]`` set its tiling).
+    finalize as a programmatic dependent launch (default on sm_90+ GPUs up to
+    ``PDL_MAX_TOKENS`` tokens), ``evict_hints`` asks L2 to keep x between the two launches
+    (default with the tensor-core partials).
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
     workspace is reused per stream and shape, except while a CUDA graph is captured), two
@@ -702,22 +543,6 @@ def hc_head_triton(
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # the finalize's weight pointer, unused without
     device_index = x.get_device()
-    if one_launch is None:
-        one_launch = (device_index >= 0 and T <= ONE_LAUNCH_MAX_TOKENS
-                      and _one_launch_programs(H, block_h or ONE_LAUNCH_BLOCK_H)
-                      <= _num_sms(device_index))
-    elif one_launch and T > ONE_LAUNCH_MAX_TOKENS:
-        raise ValueError(f"one_launch takes at most {ONE_LAUNCH_MAX_TOKENS} tokens, got {T}")
-    if one_launch:
-        sync = _sync_slot(device_index, x.device)
-        if sync is not None:
-            if out is None:
-                out = x.new_empty((T, H))
-            elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
-                raise ValueError(f"out must be a contiguous [{T}, {H}] {x.dtype} tensor")
-            _launch_one(x, hc_fn, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, sync,
-                        block_h or ONE_LAUNCH_BLOCK_H, warps[0] if warps else 2)
-            return out
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
                                  partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot,
                                  pdl, evict_hints)

@@ -11,11 +11,11 @@ launch returned, with every argument but the pointers bound; a later call with t
 passes only the pointers' device addresses to the kernel's C launcher (Inductor launches its
 generated kernels the same way). The key must capture everything Triton specialises on and
 everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``,
-``num_stages``, ``launch_pdl`` and ``launch_cooperative_grid``, the pointer dtypes and each
-pointer's 16-byte alignment. Where the cache cannot apply (the CPU interpreter, a launch hook
-installed, e.g. by a profiler) every call goes through ``kernel[grid](...)``. Hooks are checked
-when a key is first launched: install a profiler's hooks before the first call of a shape, or
-launch inside ``LaunchCache.disabled()``.
+``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
+Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler)
+every call goes through ``kernel[grid](...)``. Hooks are checked when a key is first launched:
+install a profiler's hooks before the first call of a shape, or launch inside
+``LaunchCache.disabled()``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ class LaunchCache:
     def launch(
         self, key: Hashable, grid: tuple[int, int, int], args: Sequence, constexprs: dict,
         num_warps: int, num_stages: int | None = None, launch_pdl: bool = False,
-        launch_cooperative_grid: bool = False,
     ) -> None:
         names = self.kernel.arg_names
         if len(names) != len(args) + len(constexprs) or list(constexprs) != names[len(args):]:
@@ -91,8 +90,6 @@ class LaunchCache:
             options["num_stages"] = num_stages
         if launch_pdl:  # a programmatic dependent launch (sm_90+): it may start early
             options["launch_pdl"] = True
-        if launch_cooperative_grid:  # all programs resident at once, or the launch fails
-            options["launch_cooperative_grid"] = True
         compiled = self.kernel[grid](*args, **constexprs, **options)
         if (compiled is None or interpreter_enabled() or _hooks_installed()
                 or not LaunchCache.enabled):
