@@ -22,9 +22,9 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # Where dsv4spec's hc_head beat SGLang's fused_hc_head on one H200, per mode ("graph": device time
 # inside a CUDA graph; "eager": host wall time per back-to-back eager call, both measured side by
 # side) and hidden size: inclusive token ranges whose measured points all won. Source:
-# benchmarks/results/hc_head.md (2026-11-29, provider "sglang", columns sglang_over_triton
-# 2.85-12.9x and sglang_over_triton_eager 1.30-3.0x), T in {1, 4, 16, 64, 256, 1024, 4096}. Anything
-# else (other widths, T > 4096) keeps SGLang's own path.
+# benchmarks/results/hc_head_tensor_cores.md (2026-11-29, provider "sglang": SGLang / ours
+# 3.7-14.1x in a graph, 1.2-3.9x eager; before it hc_head.md, 2.85-12.9x and 1.30-3.0x), T in
+# {1, 4, 16, 64, 256, 1024, 4096}. Anything else (other widths, T > 4096) keeps SGLang's path.
 TARGET_HC_HEAD_FASTER: dict[str, dict[int, tuple[tuple[int, int], ...]]] = {
     "graph": {4096: ((1, 4096),), 7168: ((1, 4096),)},
     "eager": {4096: ((1, 4096),), 7168: ((1, 4096),)},
