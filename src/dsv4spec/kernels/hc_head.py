@@ -10,10 +10,17 @@ H-block of ``y = sum_i w_i x_i``. The RMSNorm needs ``sum_h y^2`` over the full 
 before any y is formed: ``sum_h y^2 = w^T G w`` (fp32). So the RMSNorm costs 6 more reductions in
 launch 1 and a weight load in launch 2, and both launches stay parallel over (T, H).
 
+Launch 1 comes in two kernels: on CUDA cores (``_hc_head_partials_kernel``, every dtype) and, for
+bf16 x from T * H = ``MMA_MIN_ELEMENTS`` on, on tensor cores (``_hc_head_partials_mma_kernel``:
+hc_fn as three bf16 parts, the Gram sums from the x tile times its transpose, a pipelined loop).
+On sm_90+ up to ``PDL_MAX_TOKENS`` tokens, launch 2 is a programmatic dependent launch: it loads x
+and the parameters while launch 1 runs and waits for its partials only then.
+
 Bytes (bf16, H = 7168): T = 4 reads 229 KB of x and the 459 KB ``hc_fn`` (which dominates; split
 over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T = 1024 reads
-58.7 MB of x, ``hc_fn`` once per 8-token block (from L2), writes 14.7 MB; launch 2 reads x a
-second time, last token first so the rows launch 1 read last are still in L2.
+58.7 MB of x, ``hc_fn`` once per 16-token block (from L2), writes 14.7 MB; launch 2 reads x a
+second time, last token first so the rows launch 1 read last are still in L2 (launch 1 asks L2 to
+keep x, launch 2 to drop it).
 """
 
 from __future__ import annotations
@@ -331,8 +338,8 @@ class _Config(NamedTuple):
 # from T = 256, at H = 4096 from T = 512: results/ab_hc_head_all_t.json)
 MMA_MIN_ELEMENTS = 256 * 7168
 # The finalize as a programmatic dependent launch: the default up to this many tokens, where
-# it saved 0.3-0.8 µs in a graph; from T = 64 on it was slower as often as faster, and with the
-# RMSNorm up to 11 % slower at T = 4096 (results/ab_hc_head_all_t.json).
+# it saved 0.4-0.8 µs in a graph; from T = 64 on it was slower as often as faster, and with the
+# RMSNorm up to 14 % slower (results/ab_hc_head_all_t.json, ab_hc_head_final.json).
 PDL_MAX_TOKENS = 16
 
 

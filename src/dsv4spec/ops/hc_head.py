@@ -140,8 +140,12 @@ def _params_look_valid(hc_fn, hc_scale, hc_base, norm_weight, hc, H, is_cuda, in
     key = (id(hc_fn), id(hc_scale), id(hc_base), id(norm_weight), hc, H, index)
     entry = _CHECKED_PARAMS.get(key)
     if entry is not None:
-        tensors, addresses = entry
-        if addresses == tuple(t.data_ptr() for t in tensors):
+        # the key's ids are these very tensors (the entry keeps them alive); unrolled, as a
+        # generator over them costs more host time than the comparisons
+        addresses = entry[1]
+        if (hc_fn.data_ptr() == addresses[0] and hc_scale.data_ptr() == addresses[1]
+                and hc_base.data_ptr() == addresses[2]
+                and (norm_weight is None or norm_weight.data_ptr() == addresses[3])):
             return True
     ok = (_param_ok(hc_fn, (hc, hc * H), is_cuda, index)
           and _param_ok(hc_scale, (1,), is_cuda, index)
