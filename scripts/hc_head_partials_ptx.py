@@ -42,7 +42,7 @@ def ptx_digest(constexprs: dict, num_warps: int) -> tuple[str, int]:
 def main() -> None:
     for acc_2d, gram, block_t, block_k, warps in CASES:
         constexprs = {"GRAM": gram, "ACC_2D": acc_2d, "CHUNKS_PER_SPLIT": 3, "BLOCK_T": block_t,
-                      "BLOCK_K": block_k}
+                      "BLOCK_K": block_k, "PDL": False}
         digest, size = ptx_digest(constexprs, warps)
         print(f"ACC_2D={acc_2d!s:<5} GRAM={gram!s:<5} BLOCK_T={block_t} BLOCK_K={block_k:<3} "
               f"warps={warps}: {digest} ({size} chars)")

@@ -32,7 +32,11 @@ def us(fn) -> float:
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(((a.float() - b.float()).abs() <= 2 * 2**-8 * b.float().abs() + 1e-3).all())
+    # 2 ulps of the larger value plus 1e-6 of the largest output, as the tests' assert_close (the
+    # first run used 2 * 2^-8 relative + 1e-3, which flagged correct RMSNorm outputs)
+    a, b = a.float(), b.float()
+    ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(a.abs(), b.abs()).clamp_min(1e-30))) - 7)
+    return bool(((a - b).abs() <= 2 * ulp + 1e-6 * b.abs().max()).all())
 
 
 def partials_only(x, fn, rmsnorm, **kw):
