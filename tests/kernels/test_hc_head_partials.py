@@ -106,6 +106,12 @@ def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
     assert not plan(1024, 7168, device=-1).mma  # the interpreter multiplies bf16 as integers
     with pytest.raises(ValueError, match="bfloat16"):
         plan(256, 7168, dtype=torch.float32, mma=True)
+    # forced in an interpreter whose bf16 dots are wrong, it is refused, not run
+    assert kernels._interpreter_multiplies_bf16()  # tests/conftest.py fixed this one
+    kernels._plan.cache_clear()
+    monkeypatch.setattr(kernels, "_interpreter_multiplies_bf16", lambda: False)
+    with pytest.raises(ValueError, match="need a GPU"):
+        plan(256, 7168, device=-1, mma=True)
     # the finalize as a dependent launch up to PDL_MAX_TOKENS, never in the interpreter
     assert plan(kernels.PDL_MAX_TOKENS, 7168).pdl and not plan(kernels.PDL_MAX_TOKENS + 1, 7168).pdl
     assert not plan(1, 7168, device=-1).pdl
