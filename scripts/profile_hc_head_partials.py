@@ -20,11 +20,9 @@ def main() -> None:
     H = int(sys.argv[2]) if len(sys.argv) > 2 else 7168
     x, fn, *_ = make_inputs(T, H)
     for mma in (False, True):
-        cfg, ws_shape, warps = kernels._plan(T, H, x.get_device(), False, None, None, None,
-                                             dtype=x.dtype, mma=mma, pdl=False)
-        ws = torch.empty(ws_shape, device=x.device)
+        launch = kernels.partials_launch(x, fn, False, mma=mma, pdl=False)[0]
         for _ in range(3):
-            kernels._launch_partials(x, fn, ws, cfg, False, warps[0])
+            launch()
     torch.cuda.synchronize()
 
 

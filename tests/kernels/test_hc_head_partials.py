@@ -15,13 +15,9 @@ PAIRS = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
 
 def partial_sums(x, hc_fn, rmsnorm, **tiling):
     """The workspace reduced over splits, [T, 8 or 14] float64, after a NaN-poisoned start."""
-    T, _, H = x.shape
-    cfg, ws_shape, warps = kernels._plan(T, H, x.get_device(), rmsnorm, tiling.get("block_k"),
-                                         tiling.get("num_splits"), None, None,
-                                         tiling.get("block_t"), None, x.dtype,
-                                         tiling.get("mma"), None, tiling.get("sumsq_dot"))
-    ws = torch.full(ws_shape, float("nan"), device=x.device)
-    kernels._launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0])
+    launch, ws, cfg = kernels.partials_launch(x, hc_fn, rmsnorm, **tiling)
+    ws.fill_(float("nan"))
+    launch()
     assert not ws.isnan().any(), "a slot was left unwritten"
     return ws.double().sum(-1), cfg
 
@@ -81,13 +77,15 @@ def test_mma_partials_leave_nothing_past_the_workspace():
     # The workspace sits inside a NaN-poisoned buffer: the kernel writes every slot of its
     # [T, 14, splits] view (masked rows past T included) and nothing around it.
     x, hc_fn = make(5, 64)
-    cfg, ws_shape, warps = kernels._plan(5, 64, -1, True, 16, 2, None, None, 4, None,
-                                         torch.bfloat16, True, None, None)
-    n = ws_shape[0] * ws_shape[1] * ws_shape[2]
+    tiling = dict(block_k=16, num_splits=2, block_t=4, mma=True)
+    ws_shape = kernels.partials_launch(x, hc_fn, True, **tiling)[1].shape
+    n = ws_shape.numel()
     buf = torch.full((n + 64,), float("nan"))
     ws = buf[32:32 + n].view(ws_shape)
-    kernels._launch_partials(x, hc_fn, ws, cfg, True, warps[0])
+    kernels.partials_launch(x, hc_fn, True, ws, **tiling)[0]()
     assert buf[:32].isnan().all() and buf[32 + n:].isnan().all()
+    with pytest.raises(ValueError, match="ws must have shape"):
+        kernels.partials_launch(x, hc_fn, True, ws[:-1], **tiling)
     assert not ws.isnan().any()
 
 

@@ -527,6 +527,22 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
     return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), _num_warps(T)
 
 
+def partials_launch(x: torch.Tensor, hc_fn: torch.Tensor, rmsnorm: bool,
+                    ws: torch.Tensor | None = None, **overrides):
+    """Launch 1 alone, on the plan :func:`hc_head_triton` picks for the same tiling ``overrides``
+    (its keyword arguments): ``(launch, ws, cfg)``, where ``launch()`` writes the partials into
+    ``ws`` (allocated when not given). For tests, sweeps and profilers."""
+    T, _, H = x.shape
+    plan = {"block_k": None, "num_splits": None, "block_h": None, **overrides}
+    cfg, ws_shape, warps = _plan(T, H, x.get_device(), rmsnorm, plan.pop("block_k"),
+                                 plan.pop("num_splits"), plan.pop("block_h"), dtype=x.dtype,
+                                 **plan)
+    if ws is None:
+        ws = torch.empty(ws_shape, device=x.device)
+    elif ws.shape != ws_shape:
+        raise ValueError(f"ws must have shape {ws_shape}, got {tuple(ws.shape)}")
+    return (lambda: _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0])), ws, cfg
+
 def hc_head_triton(
     x: torch.Tensor,
     hc_fn: torch.Tensor,
