@@ -53,7 +53,7 @@ def run_demo(device: str | None = None) -> int:
         print("timings need a GPU (the Triton interpreter is not a speed measurement): "
               "run `dsv4spec demo` or `dsv4spec bench cleanup` on a CUDA machine")
     else:
-        from dsv4spec.bench.common import time_eager
+        from dsv4spec.timing import time_eager
 
         t_fused = time_eager(lambda: fused.clear_unaccepted_c128_draft_states(idx, seq, acc,
                                                                               num_draft))

@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"trained {args.steps} steps in {time.time() - t0:.0f} s: target {target:.3f}, "
           f"MTP {mtp:.3f} nats/byte (mean of the last 50 steps); wrote {out} "
           f"({out.stat().st_size / 1e6:.2f} MB)")
-    from dsv4spec.bench.common import pyplot
+    from dsv4spec.plot import pyplot
 
     plt = pyplot()
     if plt is not None:
