@@ -6,10 +6,6 @@ import os
 
 import torch
 
-# DSV4-Pro's released compress_ratios: [128, 128] + [4, 128] * 29 + [4] + [0 for the MTP layer]
-# -> 31 C128 layers (tests/cache checks this against the released config.json when present).
-PRO_COMPRESS_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
-
 
 def run_demo(device: str | None = None) -> int:
     if device is None:
@@ -18,12 +14,15 @@ def run_demo(device: str | None = None) -> int:
     if device.type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # show the Triton kernel on CPU too
     from dsv4spec.cache import C128StatePool
+    from dsv4spec.model.config import RELEASED_CONFIGS, ModelConfig
     from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 
-    ratios = PRO_COMPRESS_RATIOS
+    cfg = ModelConfig.from_hf(RELEASED_CONFIGS["pro"])  # DSV4-Pro: 31 C128 layers
     num_slots, num_draft, batch = 8, 4, 4
-    fused = C128StatePool.from_compress_ratios(ratios, num_slots, device=device)
-    loop = C128StatePool.from_compress_ratios(ratios, num_slots, device=device, cleanup="loop")
+    pool = dict(ring_size=cfg.state_ring_size(cfg.compress_ratio, speculative=True),
+                head_dim=cfg.head_dim, device=device)
+    fused = C128StatePool(cfg.num_c128_layers, num_slots, **pool)
+    loop = C128StatePool(cfg.num_c128_layers, num_slots, cleanup="loop", **pool)
     print(f"C128 state pool: {len(fused.states)} layers x [{fused.num_rows}, "
           f"{2 * fused.head_dim}] {fused.states[0].dtype} on {device}, ring {fused.ring_size}, "
           f"cleanup backend: {fused.cleanup.backend}")
@@ -36,13 +35,15 @@ def run_demo(device: str | None = None) -> int:
     seq = torch.tensor([10, 254, 300, 511], device=device)  # 254 and 511 wrap around the ring
     acc = torch.tensor([1, 2, 4, 3], device=device)
     expected = [s.clone() for s in fused.states]
+    ring = fused.ring_size  # 256
     for s in expected:
-        clear_unaccepted_c128_draft_states_reference(s, idx, seq, acc, ring_size=256,
+        clear_unaccepted_c128_draft_states_reference(s, idx, seq, acc, ring_size=ring,
                                                      num_draft_tokens=num_draft)
     fused.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft)
     loop.clear_unaccepted_c128_draft_states(idx, seq, acc, num_draft)
     for b in range(batch):
-        rows = [int(idx[b]) * 256 + (int(seq[b]) + j) % 256 for j in range(int(acc[b]), num_draft)]
+        rows = [int(idx[b]) * ring + (int(seq[b]) + j) % ring
+                for j in range(int(acc[b]), num_draft)]
         print(f"  request slot {int(idx[b])}: seq_len {int(seq[b])}, accepted {int(acc[b])}/"
               f"{num_draft} -> neutralised rows {rows} in every layer")
     same = all(torch.equal(a, e) and torch.equal(b, e)

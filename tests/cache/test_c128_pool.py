@@ -1,31 +1,18 @@
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-from dsv4spec.cache import C128StatePool, count_c128_layers
-from dsv4spec.demo import PRO_COMPRESS_RATIOS
+from dsv4spec.cache import C128StatePool
+from dsv4spec.cache.neutral import neutral_rows, neutralise
 from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 
-PRO_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
-FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4] + [0]
 
-
-RELEASED = Path(__file__).resolve().parents[3] / "shared" / "dsv4"
-
-
-@pytest.mark.skipif(not RELEASED.exists(), reason="released configs not beside the checkout")
-def test_ratios_match_released_configs():
-    pro = json.loads((RELEASED / "DeepSeek-V4-Pro.config.json").read_text())["compress_ratios"]
-    flash = json.loads((RELEASED / "DeepSeek-V4-Flash.config.json").read_text())["compress_ratios"]
-    assert pro == PRO_RATIOS == PRO_COMPRESS_RATIOS
-    assert flash == FLASH_RATIOS
-
-
-def test_layer_counts_of_released_models():
-    assert count_c128_layers(PRO_RATIOS) == 31
-    assert count_c128_layers(FLASH_RATIOS) == 20
+def test_neutral_rows_split_each_row_into_kv_and_score_halves():
+    rows = neutral_rows(3, 6, torch.float32, "cpu")
+    assert torch.all(rows[:, :3] == 0) and torch.all(rows[:, 3:] == -torch.inf)
+    x = torch.randn(2, 4, 8)
+    assert neutralise(x[1, 1:3]) is not None
+    assert torch.all(x[1, 1:3, :4] == 0) and torch.all(x[1, 1:3, 4:] == -torch.inf)
+    assert torch.isfinite(x[0]).all() and torch.isfinite(x[1, 0]).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -53,8 +40,7 @@ def test_reset_slot_touches_only_that_ring():
 
 @pytest.mark.parametrize("cleanup", ["fused", "loop"])
 def test_pool_rollback_equals_reference(cleanup):
-    pool = C128StatePool.from_compress_ratios([128, 4, 128, 0], 5, ring_size=16, head_dim=7,
-                                              cleanup=cleanup)
+    pool = C128StatePool(2, 5, ring_size=16, head_dim=7, cleanup=cleanup)
     assert len(pool.states) == 2
     for s in pool.states:
         s.copy_(torch.randn_like(s))

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +8,14 @@ from dsv4spec.model.config import PRESETS, RELEASED_CONFIGS
 
 PRO_RATIOS = [128, 128] + [4, 128] * 29 + [4] + [0]
 FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4] + [0]
+RELEASED = Path(__file__).resolve().parents[3] / "shared" / "dsv4"
+
+
+@pytest.mark.skipif(not RELEASED.exists(), reason="released configs not beside the checkout")
+@pytest.mark.parametrize("which", ["flash", "pro"])
+def test_shipped_configs_equal_the_released_ones(which):
+    released = RELEASED / RELEASED_CONFIGS[which].name
+    assert json.loads(RELEASED_CONFIGS[which].read_text()) == json.loads(released.read_text())
 
 
 @pytest.mark.parametrize("which,layers,hidden,c128,c4,ratios", [

@@ -1,19 +1,14 @@
-"""Per-layer C128 compressor state rings for a pool of request slots (SPEC §4 layout)."""
+"""Per-layer C128 compressor state rings for a pool of request slots (layout and rollback
+contract: docs/design.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
+from dsv4spec.cache.neutral import neutral_rows, neutralise
 from dsv4spec.ops.c128_cleanup import C128DraftCleanup, clear_unaccepted_c128_draft_states
 
 CLEANUP_IMPLS = ("fused", "loop")
-
-
-def count_c128_layers(compress_ratios: Sequence[int]) -> int:
-    """C128 layers of a model; ``compress_ratios`` carries one trailing entry for the MTP layer."""
-    return sum(1 for r in compress_ratios[:-1] if r == 128)
 
 
 class C128StatePool:
@@ -26,7 +21,8 @@ class C128StatePool:
     Parameters
     ----------
     num_layers : int
-        Number of C128 layers (31 for DSV4-Pro, 20 for DSV4-Flash).
+        Number of C128 layers (``ModelConfig.num_c128_layers``: 31 for DSV4-Pro, 20 for
+        DSV4-Flash).
     num_slots : int
         Request slots.
     ring_size : int
@@ -57,24 +53,10 @@ class C128StatePool:
         # The per-layer kernel of the "loop" rollback (benchmarks swap in SGLang's own).
         self.per_layer_clear = clear_unaccepted_c128_draft_states
         self.num_rows = num_slots * ring_size + ring_size + 1
-        self.states = [
-            self._neutral_buffer(self.num_rows, dtype, torch.device(device))
-            for _ in range(num_layers)
-        ]
+        self.states = [neutral_rows(self.num_rows, 2 * head_dim, dtype, device)
+                       for _ in range(num_layers)]
         self.cleanup = C128DraftCleanup(self.states, ring_size=ring_size,
                                         max_num_draft_tokens=max_num_draft_tokens)
-
-    @classmethod
-    def from_compress_ratios(cls, compress_ratios: Sequence[int], num_slots: int,
-                             **kwargs) -> C128StatePool:
-        """A pool with one ring per ratio-128 layer of a released config's ``compress_ratios``."""
-        return cls(count_c128_layers(compress_ratios), num_slots, **kwargs)
-
-    def _neutral_buffer(self, rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        buf = torch.empty(rows, 2 * self.head_dim, dtype=dtype, device=device)
-        buf[:, : self.head_dim] = 0
-        buf[:, self.head_dim:] = float("-inf")
-        return buf
 
     def slot_rows(self, slot: int) -> slice:
         return slice(slot * self.ring_size, (slot + 1) * self.ring_size)
@@ -85,14 +67,14 @@ class C128StatePool:
             raise ValueError(f"slot must lie in [0, {self.num_slots}], got {slot}")
         rows = self.slot_rows(slot)
         for state in self.states:
-            state[rows, : self.head_dim] = 0
-            state[rows, self.head_dim:] = float("-inf")
+            neutralise(state[rows])
 
     def clear_unaccepted_c128_draft_states(
         self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, accept_lens: torch.Tensor,
         num_draft_tokens: int,
     ) -> None:
-        """SPEC §4 rollback over every C128 layer: one fused launch, or the per-layer loop."""
+        """Make the rows of each request's rejected drafts neutral in every C128 layer: one fused
+        launch, or the per-layer loop."""
         if self.cleanup_impl == "fused":
             self.cleanup.clear(req_pool_indices, seq_lens, accept_lens,
                                num_draft_tokens=num_draft_tokens)

@@ -6,8 +6,9 @@ rows use. Per layer:
 - ``window[l]``: ``[slots + 1, window_ring, head_dim]``; position ``p`` of slot ``r`` at
   ``[r, p % window_ring]``. ``window_ring = sliding_window + max_num_draft_tokens``, so a verify
   batch's writes never clobber a key its first token still reads.
-- compressor layers: ``rows[l]``, the raw ``[kv | score]`` rows in SPEC §4's layout (row
-  ``slot * ring + p % ring``, one spare ring and a sentinel row; width ``2 * coff * head_dim``);
+- compressor layers: ``rows[l]``, the raw ``[kv | score]`` rows in the ring layout of
+  docs/design.md (row ``slot * ring + p % ring``, one spare ring and a sentinel row; width
+  ``2 * coff * head_dim``);
   the non-overlapping layers' rings are a :class:`C128StatePool` (fused rollback). And
   ``entries[l]``: ``[slots + 1, max_entries, head_dim]``, entry ``j`` = block ``j``'s compressed
   key, normed and rotated.
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from dsv4spec.cache.c128_pool import C128StatePool
+from dsv4spec.cache.neutral import neutral_rows, neutralise
 
 
 class ModelState:
@@ -73,16 +75,11 @@ class ModelState:
         for i, r in enumerate(ratios):
             if r and r != c128_ratio:  # the overlapping compressor: [kv (2D) | score (2D)]
                 ring = self.ring_size[r]
-                self.rows[i] = self._neutral((num_slots + 1) * ring + 1, 2 * 2 * D, device)
+                self.rows[i] = neutral_rows((num_slots + 1) * ring + 1, 2 * 2 * D,
+                                            torch.float32, device)
             if r:
                 self.entries[i] = torch.zeros(num_slots + 1, max_seq_len // r + 1, D,
                                               dtype=dtype, device=device)
-
-    @staticmethod
-    def _neutral(rows: int, width: int, device: torch.device) -> torch.Tensor:
-        buf = torch.zeros(rows, width, dtype=torch.float32, device=device)
-        buf[:, width // 2:] = float("-inf")
-        return buf
 
     def reset_slot(self, slot: int) -> None:
         """Neutral rows, zero window and entries for one slot (request admitted or freed)."""
@@ -92,16 +89,13 @@ class ModelState:
             self.window[i][slot] = 0
             if r:
                 ring = self.ring_size[r]
-                rows = self.rows[i][slot * ring:(slot + 1) * ring]
-                half = rows.shape[1] // 2
-                rows[:, :half] = 0
-                rows[:, half:] = float("-inf")
+                neutralise(self.rows[i][slot * ring:(slot + 1) * ring])
                 self.entries[i][slot] = 0
 
     def clear_unaccepted_draft_rows(
         self, slots: torch.Tensor, seq_lens: torch.Tensor, accept_lens: torch.Tensor,
         num_draft_tokens: int,
     ) -> None:
-        """SPEC §4's rollback of the non-overlapping rings (one fused launch)."""
+        """Neutralise the rejected drafts' rows of the non-overlapping rings (one fused launch)."""
         self.c128.clear_unaccepted_c128_draft_states(slots, seq_lens, accept_lens,
                                                      num_draft_tokens)
