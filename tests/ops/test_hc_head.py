@@ -469,3 +469,29 @@ def test_gpu_cached_launch_equals_triton_dispatch(rmsnorm):
                 assert launches() == direct + 2
                 torch.cuda.synchronize()
                 assert torch.equal(out, expected), (H, T, eps)
+
+
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+@pytest.mark.parametrize("bad", [
+    pytest.param(lambda: torch.zeros(1, dtype=torch.float64), id="float64"),
+    pytest.param(lambda: torch.rand(2), id="shape 2"),
+])
+def test_checked_hc_scale_is_checked_again_after_new_storage(rmsnorm, bad):
+    """hc_scale is remembered like the other weights; new storage of the wrong dtype or shape
+    must be refused, naming it, instead of launching on it."""
+    x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
+
+    def call():
+        if rmsnorm:
+            return hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
+        return hc_head(x, fn, sc, base, **EPS, impl="triton")
+
+    call()  # remembered
+    good = sc.data
+    sc.data = bad()
+    with pytest.raises(ValueError, match="hc_scale"):
+        call()
+    sc.data = good
+    expected = (hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS) if rmsnorm
+                else hc_head_reference(x, fn, sc, base, **EPS))
+    assert_close(call(), expected, torch.float32)
