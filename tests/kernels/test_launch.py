@@ -45,6 +45,8 @@ class FakeKernel:
 
 @pytest.fixture
 def cuda_like(monkeypatch):
+    # the stand-in launcher takes Triton 3.6's arguments, whatever Triton runs the tests
+    monkeypatch.setattr(LaunchCache, "enabled", True)
     monkeypatch.setattr(launch, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
@@ -97,6 +99,32 @@ def test_argument_layout_must_match_the_signature(cuda_like):
     with pytest.raises(AssertionError, match="BLOCK"):
         cache.launch("a", (1, 1, 1), (torch.zeros(1), torch.zeros(1), 8),
                      {"BLOCK": 4, "eps": 0.5}, 1)
+
+
+def test_direct_launch_only_on_the_triton_releases_it_was_tested_with():
+    assert launch.direct_launch_supported("3.6.0")
+    assert launch.direct_launch_supported("3.6.0+git1234")
+    for other in ("3.5.1", "3.7.0", "3.8.0", "4.0.0"):
+        assert not launch.direct_launch_supported(other)
+    assert LaunchCache.enabled == launch.direct_launch_supported()
+
+
+def test_disabled_context_restores_the_previous_setting(monkeypatch):
+    for start in (True, False):
+        monkeypatch.setattr(LaunchCache, "enabled", start)
+        with LaunchCache.disabled():
+            assert LaunchCache.enabled is False
+        assert LaunchCache.enabled is start
+
+
+def test_untested_triton_launches_through_triton_only(cuda_like, monkeypatch):
+    monkeypatch.setattr(LaunchCache, "enabled", launch.direct_launch_supported("3.8.0"))
+    kernel, x = FakeKernel(), torch.arange(8.0)
+    cache = LaunchCache(kernel)
+    for _ in range(2):
+        cache.launch("a", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, 1)
+    assert cache.get("a") is None and len(cache) == 0
+    assert [e[0] for e in kernel.log] == ["triton"] * 2
 
 
 def test_alignment_key():

@@ -346,17 +346,17 @@ def test_reused_workspace_is_overwritten_every_call(rmsnorm, monkeypatch):
     change a result."""
     from dsv4spec.kernels import hc_head as kernels
 
-    monkeypatch.setattr(kernels, "_WORKSPACES", {})
+    monkeypatch.setattr(kernels, "WORKSPACES", kernels.WorkspaceCache())
     x, fn, sc, base, nw = make_inputs(3, 100, torch.bfloat16)
     nw = nw if rmsnorm else None
     first = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
-    workspaces = list(kernels._WORKSPACES.values())
+    workspaces = kernels.WORKSPACES.buffers()
     assert len(workspaces) == 1  # that shape's workspace, kept
     hc_head_triton(x * 2, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
     workspaces[0].fill_(float("nan"))
     again = hc_head_triton(x, fn, sc, base, 1e-6, 1e-6, norm_weight=nw)
     assert torch.equal(again, first)
-    assert list(kernels._WORKSPACES.values()) == workspaces
+    assert kernels.WORKSPACES.buffers() == workspaces
 
 
 # ---------------------------------------------------------------------------------------------

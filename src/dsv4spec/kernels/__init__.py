@@ -16,3 +16,22 @@ def triton_runs_on(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and interpreter_enabled()
+
+
+def on_rocm() -> bool:
+    """True on a ROCm build of torch, whose ``cuda`` devices are AMD GPUs."""
+    return torch.version.hip is not None
+
+
+def stream_capturing(device: torch.device | str | int | None = None) -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph.
+
+    False for non-CUDA devices, without asking CUDA: ``torch.cuda.is_current_stream_capturing``
+    raises on CPU-only torch builds. ``None`` asks about the current CUDA device.
+    """
+    if device is not None and not isinstance(device, int):
+        if torch.device(device).type != "cuda":
+            return False
+    elif not torch.cuda.is_available():
+        return False
+    return torch._C._cuda_isCurrentStreamCapturing()

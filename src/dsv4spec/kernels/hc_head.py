@@ -25,7 +25,9 @@ keep x, launch 2 to drop it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -33,7 +35,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
+from dsv4spec.kernels.workspace import WorkspaceCache
 
 HC = 4
 
@@ -326,8 +330,10 @@ def _interpreter_multiplies_bf16() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _supports_pdl(device_index: int) -> bool:
-    # griddepcontrol needs sm_90; not in the interpreter
-    return device_index >= 0 and torch.cuda.get_device_capability(device_index)[0] >= 9
+    # griddepcontrol is NVIDIA's, from sm_90; not in the interpreter, not on ROCm (whose
+    # capability numbers mean something else: an MI300 reports 9.4)
+    return (device_index >= 0 and not on_rocm()
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
 
 @functools.lru_cache(maxsize=None)
@@ -417,77 +423,78 @@ _PARTIALS_MMA = LaunchCache(_hc_head_partials_mma_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once
 _DIRECT: dict = {}
-# (device index, raw stream, ws shape) -> the fp32 workspace eager calls on that stream reuse.
-# Safe because calls on one stream run in order and the partials overwrite every slot the
-# finalize reads; a call on another stream gets its own, and a call being captured into a CUDA
-# graph allocates from the graph's pool instead (its replays must not share an eager buffer).
-_WORKSPACES: dict = {}
-WORKSPACE_CACHE_LIMIT = 64  # distinct (stream, shape) entries kept; beyond it, allocate per call
+# The partials workspace of eager calls, reused per (stream, shape): an eager call is
+# launch-bound, and an allocation costs as much host time as a launch. T x 8 (14 with the
+# RMSNorm) x splits fp32: 4 KB at T = 4, H = 7168; 2.3 MB at T = 4096.
+WORKSPACES = WorkspaceCache()
 
 
-def _workspace(x: torch.Tensor, shape: tuple, device_index: int) -> torch.Tensor:
-    """The partials workspace: reused per (stream, shape) in eager calls (an eager call is
-    launch-bound, and an allocation costs as much host time as a launch)."""
-    if device_index >= 0:
-        if torch._C._cuda_isCurrentStreamCapturing():
-            return x.new_empty(shape, dtype=torch.float32)
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), shape)
-    else:
-        key = (device_index, 0, shape)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = x.new_empty(shape, dtype=torch.float32)
-        if len(_WORKSPACES) < WORKSPACE_CACHE_LIMIT:
-            _WORKSPACES[key] = ws
-    return ws
-
-
-def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
-                     key=None) -> None:
+def _partials_launch(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int):
+    """Launch 1 as (launch cache, grid, runtime args, constexprs, launch options)."""
     T, _, H = x.shape
     grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
-    if key is None:
-        key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
-               alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
     args = (x, hc_fn, ws, T, H, cfg.num_splits,
             x.stride(0), x.stride(1), hc_fn.stride(0), ws.stride(0), ws.stride(1))
     if cfg.mma:
-        _PARTIALS_MMA.launch(
-            key, grid, args,
-            {"GRAM": rmsnorm, "SUMSQ_DOT": cfg.sumsq_dot, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-             "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl,
-             "X_POLICY": "evict_last" if cfg.evict_hints else ""},
-            num_warps, cfg.stages,
-        )
-        return
-    _PARTIALS.launch(
-        key, grid, args,
-        {"GRAM": rmsnorm, "ACC_2D": cfg.partials_2d, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-         "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
-        num_warps,
-    )
+        constexprs = {"GRAM": rmsnorm, "SUMSQ_DOT": cfg.sumsq_dot,
+                      "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
+                      "BLOCK_K": cfg.block_k, "PDL": cfg.pdl,
+                      "X_POLICY": "evict_last" if cfg.evict_hints else ""}
+        return _PARTIALS_MMA, grid, args, constexprs, _options(num_warps, cfg.stages, False)
+    constexprs = {"GRAM": rmsnorm, "ACC_2D": cfg.partials_2d,
+                  "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
+                  "BLOCK_K": cfg.block_k, "PDL": cfg.pdl}
+    return _PARTIALS, grid, args, constexprs, _options(num_warps, None, False)
 
 
-def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
-                     num_warps: int = 4, key=None) -> None:
+def _finalize_launch(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
+                     num_warps: int):
+    """Launch 2 as (launch cache, grid, runtime args, constexprs, launch options)."""
     T, _, H = x.shape
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # an unused but valid pointer
     num_hblocks = triton.cdiv(H, cfg.block_h)
+    args = (x, ws, hc_scale, hc_base, weight, out,
+            T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
+            x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0))
+    constexprs = {"RMSNORM": rmsnorm, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
+                  "BLOCK_H": cfg.block_h, "PDL": cfg.pdl,
+                  "X_POLICY": "evict_first" if cfg.evict_hints else ""}
+    return _FINALIZE, (T * num_hblocks, 1, 1), args, constexprs, _options(num_warps, None,
+                                                                          cfg.pdl)
+
+
+def _options(num_warps: int, num_stages: int | None, launch_pdl: bool) -> dict:
+    options = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    if launch_pdl:
+        options["launch_pdl"] = True
+    return options
+
+
+def _launch(launch, key) -> None:
+    cache, grid, args, constexprs, options = launch
+    cache.launch(key, grid, args, constexprs, **options)  # the options are launch()'s keywords
+
+
+def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
+                     key=None) -> None:
     if key is None:
-        key = (T, H, x.dtype, cfg, rmsnorm, num_warps, x.get_device(), float(norm_eps),
-               float(hc_eps), alignment_key(*(t.data_ptr() for t in
-                                              (x, ws, hc_scale, hc_base, weight, out))))
-    _FINALIZE.launch(
-        key, (T * num_hblocks, 1, 1),
-        (x, ws, hc_scale, hc_base, weight, out,
-         T, H, cfg.num_splits, num_hblocks, float(norm_eps), float(hc_eps),
-         x.stride(0), x.stride(1), ws.stride(0), ws.stride(1), out.stride(0)),
-        {"RMSNORM": rmsnorm, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
-         "BLOCK_H": cfg.block_h, "PDL": cfg.pdl,
-         "X_POLICY": "evict_first" if cfg.evict_hints else ""},
-        num_warps, launch_pdl=cfg.pdl,
-    )
+        key = (x.shape[0], x.shape[2], x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
+               alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
+    _launch(_partials_launch(x, hc_fn, ws, cfg, rmsnorm, num_warps), key)
+
+
+def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
+                     num_warps: int = 4, key=None) -> None:
+    if key is None:
+        weight = hc_base if norm_weight is None else norm_weight
+        key = (x.shape[0], x.shape[2], x.dtype, cfg, norm_weight is not None, num_warps,
+               x.get_device(), float(norm_eps), float(hc_eps),
+               alignment_key(*(t.data_ptr() for t in (x, ws, hc_scale, hc_base, weight, out))))
+    _launch(_finalize_launch(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg,
+                             num_warps), key)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -589,7 +596,7 @@ def hc_head_triton(
     cfg, ws_shape, warps = _plan(T, H, device_index, rmsnorm, block_k, num_splits, block_h,
                                  partials_2d, block_t, warps, x.dtype, mma, stages, sumsq_dot,
                                  pdl, evict_hints)
-    ws = _workspace(x, ws_shape, device_index)
+    ws = WORKSPACES.get(x, ws_shape, device_index)
     if out is None:
         out = x.new_empty((T, H))
     elif not (out.shape == (T, H) and out.dtype == x.dtype and out.is_contiguous()):
@@ -612,3 +619,106 @@ def hc_head_triton(
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
     return out
+
+
+# Triton compiles one variant per constexpr set and per specialisation of the integer arguments
+# (== 1, divisible by 16); hc_head_triton's plan depends on T, so a new T can need a new variant.
+# At T above this every call compiles what some T below it did (checked in the tests), so
+# compiling the variants up to it leaves nothing to compile for any T.
+PRECOMPILE_MAX_TOKENS = 16384
+
+
+class _Placeholder:
+    """A contiguous tensor's dtype, shape and strides at address 0 (16-byte aligned, as the
+    caching allocator's are), standing in for a real tensor in Triton's ``warmup``."""
+
+    def __init__(self, dtype: torch.dtype, shape: tuple) -> None:
+        self.dtype, self.shape = dtype, shape
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= size
+        self._strides = tuple(reversed(strides))
+
+    def stride(self, dim: int | None = None):
+        return self._strides if dim is None else self._strides[dim]
+
+    @staticmethod
+    def data_ptr() -> int:
+        return 0
+
+
+def _launches_at(T: int, H: int, device_index: int, rmsnorm: bool, dtype: torch.dtype) -> tuple:
+    """Both launches of a default-tiled call at ``T``, on placeholder tensors."""
+    cfg, ws_shape, warps = _plan.__wrapped__(T, H, device_index, rmsnorm, None, None, None,
+                                             dtype=dtype)
+    x = _Placeholder(dtype, (T, HC, H))
+    ws = _Placeholder(torch.float32, ws_shape)
+    param = _Placeholder(torch.float32, (HC, HC * H))
+    weight = _Placeholder(torch.float32, (H,)) if rmsnorm else None
+    return (_partials_launch(x, param, ws, cfg, rmsnorm, warps[0]),
+            _finalize_launch(x, ws, param, param, weight, _Placeholder(dtype, (T, H)), 1e-6, 1e-6,
+                             cfg, warps[1]))
+
+
+def _variant(launch) -> tuple:
+    """What Triton compiles a launch into: kernel, constexprs, options, and the
+    specialisation (== 1, divisible by 16) of each integer argument."""
+    cache, _, args, constexprs, options = launch
+    ints = tuple((a == 1, a % 16 == 0) for a in args if type(a) is int)
+    return cache.kernel, tuple(constexprs.items()), tuple(options.items()), ints
+
+
+def variant_tokens(H: int, device_index: int, rmsnorm: bool, dtype: torch.dtype,
+                   max_tokens: int = PRECOMPILE_MAX_TOKENS) -> list[int]:
+    """The smallest ``T`` of each distinct compiled variant that ``T = 1..max_tokens`` need."""
+    seen: dict = {}
+    for T in range(1, max_tokens + 1):
+        for launch in _launches_at(T, H, device_index, rmsnorm, dtype):
+            seen.setdefault(_variant(launch), T)
+    return sorted(set(seen.values()))
+
+
+def compiled_variants(device_index: int) -> int:
+    """How many variants of the hc_head kernels Triton holds compiled for ``device_index``."""
+    total = 0
+    for cache in (_PARTIALS, _PARTIALS_MMA, _FINALIZE):
+        caches = getattr(cache.kernel, "device_caches", {})
+        if device_index in caches:
+            total += len(caches[device_index][0])
+    return total
+
+
+def precompile(H: int, dtype: torch.dtype, device_index: int, *, rmsnorm: bool = False,
+               max_tokens: int = PRECOMPILE_MAX_TOKENS, threads: int = 8) -> int:
+    """Compile every kernel variant that :func:`hc_head_triton`'s default tiling needs for
+    ``x [T, 4, H]`` of ``dtype``, ``T = 1..max_tokens``, on CUDA device ``device_index``,
+    launching nothing (Triton's ``warmup`` on placeholder tensors). Compiles run on ``threads``
+    threads where this Triton has an asynchronous compile mode. Returns how many variants were
+    compiled (0 when all were already)."""
+    if device_index < 0:
+        return 0  # the interpreter compiles nothing
+    before = compiled_variants(device_index)
+    with torch.cuda.device(device_index), _async_compile(threads):
+        for T in variant_tokens(H, device_index, rmsnorm, dtype, max_tokens):
+            for cache, grid, args, constexprs, options in _launches_at(T, H, device_index,
+                                                                       rmsnorm, dtype):
+                cache.kernel.warmup(*args, grid=grid, **constexprs, **options)
+    return compiled_variants(device_index) - before
+
+
+def _async_compile(threads: int):
+    """Triton's asynchronous compile mode on a thread pool, where this Triton has it."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return contextlib.nullcontext()
+    if threads <= 1:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def mode():
+        with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
+            yield
+
+    return mode()

@@ -12,8 +12,9 @@ passes only the pointers' device addresses to the kernel's C launcher (Inductor 
 generated kernels the same way). The key must capture everything Triton specialises on and
 everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``,
 ``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
-Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler)
-every call goes through ``kernel[grid](...)``. Hooks are checked when a key is first launched:
+Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler,
+a Triton release outside :data:`DIRECT_LAUNCH_TRITON_VERSIONS`) every call goes through
+``kernel[grid](...)``. Hooks are checked when a key is first launched:
 install a profiler's hooks before the first call of a shape, or launch inside
 ``LaunchCache.disabled()``.
 """
@@ -24,9 +25,21 @@ import contextlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
+import triton
 from triton import knobs
 
 from dsv4spec.kernels import interpreter_enabled
+
+# The direct launch calls Triton's compiled-kernel internals (``CompiledKernel.function``,
+# ``packed_metadata`` and the C launcher's positional argument list), which change between
+# releases. It is enabled only on the releases whose GPU tests ran with it; any other release
+# launches through Triton's public ``kernel[grid](...)`` (correct, with more host time per call).
+DIRECT_LAUNCH_TRITON_VERSIONS = ("3.6.0",)
+
+
+def direct_launch_supported(version: str = triton.__version__) -> bool:
+    """Whether :class:`LaunchCache` may bind direct launches on this Triton release."""
+    return version.split("+")[0] in DIRECT_LAUNCH_TRITON_VERSIONS
 
 
 def _hooks_installed() -> bool:
@@ -54,7 +67,7 @@ class LaunchCache:
     """
 
     # False sends every launch through ``kernel[grid](...)`` (benchmarks compare the two paths).
-    enabled = True
+    enabled = direct_launch_supported()
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -65,11 +78,12 @@ class LaunchCache:
     @contextlib.contextmanager
     def disabled() -> Iterator[None]:
         """Every launch through ``kernel[grid](...)`` inside (benchmarks compare the paths)."""
+        was = LaunchCache.enabled
         LaunchCache.enabled = False
         try:
             yield
         finally:
-            LaunchCache.enabled = True
+            LaunchCache.enabled = was
 
     def __len__(self) -> int:
         return len(self._entries)
