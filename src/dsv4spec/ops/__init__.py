@@ -19,3 +19,11 @@ from dsv4spec.ops.hc_head import (  # noqa: E402, F401
     hc_head_rmsnorm,
     hc_head_rmsnorm_reference,
 )
+from dsv4spec.ops.mhc import (  # noqa: E402, F401
+    mhc_post,
+    mhc_post_pre,
+    mhc_post_pre_reference,
+    mhc_post_reference,
+    mhc_pre,
+    mhc_pre_reference,
+)
