@@ -303,17 +303,18 @@ def test_outputs_written_exactly_within_guard_bands(dtype):
 
 def test_reused_workspace_is_overwritten_every_call(monkeypatch):
     from dsv4spec.kernels import mhc as kernels
+    from dsv4spec.kernels.workspace import WorkspaceCache
 
-    monkeypatch.setattr(kernels, "_WORKSPACES", {})
+    monkeypatch.setattr(kernels, "WORKSPACES", WorkspaceCache())
     x, fn, sc, base, nw, _ = make_inputs(3, 100, torch.bfloat16)
     kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
     first = mhc_pre(x, fn, sc, base, **kw, impl="triton")
-    (ws,) = kernels._WORKSPACES.values()
+    (ws,) = kernels.WORKSPACES.buffers()
     mhc_pre(x * 2, fn, sc, base, **kw, impl="triton")
     ws.fill_(float("nan"))
     again = mhc_pre(x, fn, sc, base, **kw, impl="triton")
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    assert list(kernels._WORKSPACES.values()) == [ws]
+    assert kernels.WORKSPACES.buffers() == [ws]
 
 
 def _sglang_sinkhorn_kernel(tmp_path):
@@ -601,7 +602,7 @@ def test_gpu_cuda_graph_replay(H):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [4, 256])
 def test_gpu_kernels_per_call(T):
-    from dsv4spec.bench.common import count_kernels
+    from dsv4spec.timing import count_kernels
 
     x, fn, sc, base, nw, f = make_inputs(T, 7168, torch.bfloat16, "cuda")
     kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}

@@ -33,6 +33,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv4spec.kernels.hc_head import _num_sms, _round_to, _supports_pdl
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
+from dsv4spec.kernels.workspace import WorkspaceCache
 
 HC = 4
 NMIX = (2 + HC) * HC  # 24 rows of fn: pre 0-3, post 4-7, comb 8-23
@@ -327,26 +328,9 @@ def _plan(T: int, H: int, device_index: int, **overrides) -> _Config:
     return _config(T, H, _num_sms(device_index), device_index=device_index, **overrides)
 
 
-# (device index, raw stream, shape) -> the fp32 workspace eager calls on that stream reuse: calls
-# on one stream run in order and launch 1 rewrites every slot the finalize reads; a call being
-# captured into a CUDA graph allocates from the graph's pool instead.
-_WORKSPACES: dict = {}
-WORKSPACE_CACHE_LIMIT = 64
-
-
-def _workspace(x: torch.Tensor, shape: tuple, device_index: int) -> torch.Tensor:
-    if device_index >= 0:
-        if torch._C._cuda_isCurrentStreamCapturing():
-            return x.new_empty(shape, dtype=torch.float32)
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), shape)
-    else:
-        key = (device_index, 0, shape)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = x.new_empty(shape, dtype=torch.float32)
-        if len(_WORKSPACES) < WORKSPACE_CACHE_LIMIT:
-            _WORKSPACES[key] = ws
-    return ws
+# The partials' fp32 workspace, reused per (stream, shape) by eager calls: launch 1 rewrites every
+# slot the finalize reads.
+WORKSPACES = WorkspaceCache()
 
 
 _PARTIALS = LaunchCache(_mhc_partials_kernel)
@@ -363,7 +347,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     device_index = x.get_device()
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # a valid pointer, unused without the norm
-    ws = _workspace(x, (T, 34 if rmsnorm else 28, cfg.num_splits), device_index)
+    ws = WORKSPACES.get(x, (T, 34 if rmsnorm else 28, cfg.num_splits), device_index)
     if boundary is None:
         src, f, post_in, comb_in = x, x, hc_scale, hc_scale  # unused pointers: POST is off
     else:
