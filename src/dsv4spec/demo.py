@@ -72,13 +72,13 @@ def generation_demo(device: torch.device, max_new_tokens: int = 48) -> bool:
     from collections import Counter
 
     from dsv4spec.engine import Engine, Request
-    from dsv4spec.engine.run import load_model
-    from dsv4spec.engine.train_tiny import CHECKPOINT, decode, encode
+    from dsv4spec.model.build import TINY_CHECKPOINT, build_model
+    from dsv4spec.model.tokenizer import decode, encode
 
-    if not CHECKPOINT.exists():
-        print(f"no trained checkpoint at {CHECKPOINT}: run `dsv4spec train-tiny`")
+    if not TINY_CHECKPOINT.exists():
+        print(f"no trained checkpoint at {TINY_CHECKPOINT}: run `dsv4spec train-tiny`")
         return True
-    model = load_model("tiny", None, str(device), torch.float32)
+    model = build_model("tiny", TINY_CHECKPOINT, device=device)
     if device.type != "cuda":
         model.hc_head_impl = "eager"  # the interpreter would be slow, not wrong
     prompts = ["import os\n", "def main(", "class Parser:\n    def "]

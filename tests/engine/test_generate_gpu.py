@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dsv4spec.engine import Engine, Request
-from dsv4spec.engine.run import load_model
-from dsv4spec.engine.train_tiny import encode
+from dsv4spec.model.build import TINY_CHECKPOINT, build_model
+from dsv4spec.model.tokenizer import encode
 
 PROMPTS = ["import os\n", "def main(", "class Parser:\n    def ", "x = [", "for i in ",
            "return ", "# ", "if __name__"]
@@ -18,7 +18,7 @@ PROMPTS = ["import os\n", "def main(", "class Parser:\n    def ", "x = [", "for 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("bs", [1, 3, 8])
 def test_gpu_graph_replay_gives_the_eager_tokens(dtype, bs):
-    model = load_model("tiny", None, "cuda", dtype)
+    model = build_model("tiny", TINY_CHECKPOINT, device="cuda", dtype=dtype)
     outputs = {}
     for mode in ("greedy", "eager", "graphs"):
         reqs = [Request(encode(p), 40) for p in PROMPTS[:bs]]
@@ -34,7 +34,7 @@ def test_gpu_graph_replay_gives_the_eager_tokens(dtype, bs):
 def test_gpu_the_verify_graph_contains_the_fused_rollback():
     from torch.profiler import ProfilerActivity, profile
 
-    model = load_model("tiny", None, "cuda", torch.float32)
+    model = build_model("tiny", TINY_CHECKPOINT, device="cuda")
     reqs = [Request(encode(p), 12) for p in PROMPTS[:3]]
     engine = Engine(model, num_slots=4, max_seq_len=96, num_draft_tokens=4, buckets=(4,),
                     cuda_graphs=True)
@@ -54,7 +54,7 @@ def test_gpu_the_verify_graph_contains_the_fused_rollback():
 def test_gpu_trained_checkpoint_accepts_as_on_the_cpu():
     accept = {}
     for device in ("cpu", "cuda"):
-        model = load_model("tiny", None, device, torch.float32)
+        model = build_model("tiny", TINY_CHECKPOINT, device=device)
         reqs = [Request(encode(p), 40) for p in PROMPTS[:4]]
         Engine(model, num_slots=4, max_seq_len=128, num_draft_tokens=4,
                cuda_graphs=device == "cuda").generate(reqs)

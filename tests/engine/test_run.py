@@ -3,7 +3,8 @@
 import json
 
 from dsv4spec.cli import main
-from dsv4spec.engine.train_tiny import CHECKPOINT, decode, encode
+from dsv4spec.model.build import TINY_CHECKPOINT, packaged_checkpoint
+from dsv4spec.model.tokenizer import decode, encode
 
 
 def generate(capsys, *flags):
@@ -31,7 +32,9 @@ def test_generate_json_speculative_equals_greedy(capsys):
 
 
 def test_trained_checkpoint_is_packaged_small_and_accepts_drafts(capsys):
-    assert CHECKPOINT.exists() and CHECKPOINT.stat().st_size <= 10 * 2**20
+    assert packaged_checkpoint("tiny") == TINY_CHECKPOINT
+    assert TINY_CHECKPOINT.stat().st_size <= 10 * 2**20
+    assert packaged_checkpoint("pro-shape") is None
     spec = generate(capsys, "--num-draft-tokens", "4")
     # random weights accept ~1.0 (nothing but the verified-in token); the trained MTP block's
     # drafts are often right on Python source

@@ -156,9 +156,9 @@ def test_bf16_cast_keeps_fp32_parameters_and_the_fused_hc_head_agrees():
 
 
 def test_serving_build_on_cpu():
-    from dsv4spec.bench.model_step import build
+    from dsv4spec.model.build import build_model
 
-    m = build("tiny", device="cpu")
+    m = build_model("tiny", dtype=torch.bfloat16)
     assert m.embed.weight.dtype == torch.bfloat16 and m.hc_head_fn.dtype == torch.float32
     assert not any(p.requires_grad for p in m.parameters())
 

@@ -9,9 +9,9 @@ from dsv4spec.capture import capture_mode
 @pytest.mark.gpu
 @pytest.mark.parametrize("W", [pytest.param(1, id="decode"), pytest.param(4, id="verify")])
 def test_gpu_pro_shape_graph_replay_equals_eager(W):
-    from dsv4spec.bench.model_step import build
+    from dsv4spec.model.build import build_model
 
-    model = build("pro-shape")
+    model = build_model("pro-shape", device="cuda", dtype=torch.bfloat16)
     bs, context = 3, 150  # crosses a ratio-128 block end and many ratio-4 ones
     state = model.new_state(num_slots=4, max_seq_len=256, max_num_draft_tokens=4)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -24,8 +24,8 @@ import time
 import torch
 
 from dsv4spec.bench import common
-from dsv4spec.bench.model_step import build
 from dsv4spec.engine import Engine, Request
+from dsv4spec.model.build import build_model
 
 W = 4
 SCHEDULE = (0, 1, 2, 3)  # mismatch offsets: accept lengths 1, 2, 3, 4 (offset 3: all accepted)
@@ -255,7 +255,7 @@ def main(args: argparse.Namespace) -> int:
     sglang_clear = peer.clear_unaccepted_c128_draft_states if peer else None
     rows, greedy_rows = [], []
     for preset_name in args.presets:
-        model = build(preset_name, getattr(torch, args.dtype))
+        model = build_model(preset_name, device="cuda", dtype=getattr(torch, args.dtype))
         g = torch.Generator().manual_seed(0)
         for bs in args.batch:
             prompts = torch.randint(0, model.cfg.vocab_size, (bs, args.prompt),

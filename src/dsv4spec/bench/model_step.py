@@ -17,9 +17,8 @@ import torch
 
 from dsv4spec.bench import common
 from dsv4spec.capture import capture_mode
-from dsv4spec.model import preset
+from dsv4spec.model.build import build_model
 from dsv4spec.model.mhc import hc_post_captured, hc_pre_captured
-from dsv4spec.model.model import Transformer, init_weights
 
 COLUMNS = ["preset", "batch", "W", "graph_us", "eager_us", "kernels_eager", "kernels_captured",
            "rel_err_graph_vs_eager"]
@@ -33,18 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=256)
 
 
-def build(name: str, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> Transformer:
-    with torch.device(device):
-        model = Transformer(preset(name))
-    return init_weights(model).requires_grad_(False).cast(dtype)
-
-
 def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("model-step benchmark needs a CUDA GPU")
         return 1
     env = common.environment()
-    model = build(args.preset)
+    model = build_model(args.preset, device="cuda", dtype=torch.bfloat16)
     cfg = model.cfg
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)

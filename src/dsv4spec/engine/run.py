@@ -7,15 +7,12 @@ import json
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
 from dsv4spec.engine.generate import ROLLBACKS, Engine, Request
-from dsv4spec.engine.train_tiny import CHECKPOINT, decode, encode
-from dsv4spec.model import preset
-from dsv4spec.model.model import Transformer, init_weights
-from dsv4spec.model.weights import load_weights
+from dsv4spec.model.build import TINY_CHECKPOINT, build_model, packaged_checkpoint
+from dsv4spec.model.tokenizer import decode, encode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--num-draft-tokens", type=int, default=4, help="W, 2..8")
     spec.add_argument("--no-spec", action="store_true", help="plain greedy decoding")
     parser.add_argument("--checkpoint", default=None,
-                        help=f"safetensors weights (default for tiny: {CHECKPOINT.name})")
+                        help=f"safetensors weights (default for tiny: the packaged "
+                        f"{TINY_CHECKPOINT.name})")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
@@ -41,27 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def load_model(name: str, checkpoint: str | None, device: str, dtype: torch.dtype
-               ) -> Transformer:
-    """The preset's model with the given (or, for ``tiny``, the packaged) weights; random
-    weights otherwise, with a note on stderr."""
-    with torch.device(device):
-        model = Transformer(preset(name))
-    path = checkpoint or (CHECKPOINT if name == "tiny" and CHECKPOINT.exists() else None)
-    if path is None:
-        print(f"no checkpoint for {name}: random weights (drafts are rarely accepted)",
-              file=sys.stderr)
-        init_weights(model)
-    else:
-        load_weights(model, Path(path))
-    model.requires_grad_(False)
-    return model.double() if dtype == torch.float64 else model.cast(dtype)
-
-
 def main(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
-    model = load_model(args.preset, args.checkpoint, device, dtype)
+    checkpoint = args.checkpoint or packaged_checkpoint(args.preset)
+    if checkpoint is None:
+        print(f"no checkpoint for {args.preset}: random weights (drafts are rarely accepted)",
+              file=sys.stderr)
+    model = build_model(args.preset, checkpoint, device=device, dtype=dtype)
     W = 0 if args.no_spec else args.num_draft_tokens
     reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompt]
     max_len = max(len(r.prompt) for r in reqs) + args.max_new_tokens + 2 * max(W, 2)
