@@ -8,7 +8,7 @@ import sys
 
 # bench name -> module under dsv4spec.bench; each module has add_arguments(parser) and main(args).
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
-              "model-step": "model_step", "e2e": "e2e"}
+              "model-step": "model_step", "e2e": "e2e", "mhc": "mhc"}
 # command -> module with add_arguments(parser) and main(args)
 COMMANDS = {"generate": ("dsv4spec.engine.run", "generate text with the reference model, with "
                          "or without MTP speculative decoding"),
