@@ -3,7 +3,7 @@
 Graph runners hold :func:`capture_mode` around the warm-up runs and the capture of each batch size.
 A function decorated with :func:`compile_in_capture_mode` then runs a ``torch.compile`` of itself
 (compiled in the warm-up, replayed by the capture); everywhere else it runs eagerly, so the eager
-path never pays compile time. SPEC §5.
+path never pays compile time. Why and the rules it follows: docs/design.md.
 """
 
 from __future__ import annotations
@@ -62,14 +62,17 @@ def stream_is_capturing() -> bool:
         return False
 
 
-def capture_cuda_graph(fn: Callable[[], object],
-                       device: torch.device | None = None) -> torch.cuda.CUDAGraph:
-    """``fn`` run once on a side stream (warm-up: compiles, allocates), then captured once in a
-    CUDA graph on ``device`` (default: the current one). Replay the returned graph."""
+def capture_cuda_graph(fn: Callable[[], object], device: torch.device | None = None, *,
+                       warmups: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` run ``warmups`` times on a side stream (as ``torch.cuda.graphs`` does: compiles,
+    lets the allocator and cuBLAS settle), then captured once in a CUDA graph on ``device``
+    (default: the current one). Replay the returned graph. Call it under :func:`capture_mode`
+    to compile the functions marked for it in the warm-up and record them compiled."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        fn()
+        for _ in range(warmups):
+            fn()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from dsv4spec.capture import capture_mode
+from dsv4spec.capture import capture_cuda_graph, capture_mode
 
 # SGLang's batch-size buckets with speculation on
 BUCKETS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
@@ -62,17 +62,14 @@ class BucketRunner:
         return self.step({name: buf[:n] for name, buf in self.buffers.items()})
 
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, Outputs]:
-        # Warm up on a side stream (as torch.cuda.graphs does): compiles the captured functions
-        # and lets allocator and cuBLAS settle before the capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), capture_mode():
-            for _ in range(2):
-                self._run(n)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with capture_mode(), torch.cuda.graph(graph):
-            out = self._run(n)
+        out: Outputs = ()
+
+        def run() -> None:
+            nonlocal out
+            out = self._run(n)  # the captured run's outputs are the graph's static outputs
+
+        with capture_mode():
+            graph = capture_cuda_graph(run, warmups=2)
         return graph, out
 
     def captured(self) -> list[int]:
