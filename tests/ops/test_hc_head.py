@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -495,3 +497,23 @@ def test_checked_hc_scale_is_checked_again_after_new_storage(rmsnorm, bad):
     expected = (hc_head_rmsnorm_reference(x, fn, sc, base, nw, **EPS) if rmsnorm
                 else hc_head_reference(x, fn, sc, base, **EPS))
     assert_close(call(), expected, torch.float32)
+
+
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+def test_parameters_take_the_remembered_check_and_match_plain_tensors(rmsnorm, monkeypatch):
+    """A model holds its weights as nn.Parameter (SGLang does): they take the fast remembered
+    check, not the full one, and give the same bits as plain tensors."""
+    hc_head_ops = importlib.import_module("dsv4spec.ops.hc_head")  # the name is also the op's
+    full_checks = []
+    real_check = hc_head_ops._check_hc_head_inputs
+    monkeypatch.setattr(hc_head_ops, "_check_hc_head_inputs",
+                        lambda *a: full_checks.append(a) or real_check(*a))
+    monkeypatch.setattr(hc_head_ops, "_CHECKED_PARAMS", {})
+    x, fn, sc, base, nw = make_inputs(3, 64, torch.bfloat16)
+    weights = (fn, sc, base, nw) if rmsnorm else (fn, sc, base)
+    params = [torch.nn.Parameter(t.clone(), requires_grad=False) for t in weights]
+    op = hc_head_rmsnorm if rmsnorm else hc_head
+    for _ in range(2):
+        ours = op(x, *params, norm_eps=1e-6, hc_eps=1e-6, impl="triton")
+    assert full_checks == [] and len(hc_head_ops._CHECKED_PARAMS) == 1
+    assert torch.equal(ours, op(x, *weights, norm_eps=1e-6, hc_eps=1e-6, impl="triton"))

@@ -120,8 +120,13 @@ def _resolve(impl, x):
     return impl
 
 
+# Weights arrive as plain tensors or as a model's nn.Parameter (SGLang holds them so); either is
+# a dense tensor the kernels read directly. Other subclasses take the full check and the op.
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _param_ok(t, shape, is_cuda, device_index) -> bool:
-    return (type(t) is torch.Tensor and t.dtype is torch.float32 and t.shape == shape
+    return (type(t) in _PLAIN_TYPES and t.dtype is torch.float32 and t.shape == shape
             and ((t.is_cuda and t.get_device() == device_index) if is_cuda else t.is_cpu)
             and t.is_contiguous())
 

@@ -17,6 +17,7 @@ from . import standins
 from .conftest import DRAFT, TARGET
 from .standins import DEVICE
 
+SM90 = (9, 0)  # the architecture the tables were measured on, and the interpreter's stand-in
 NORM_EPS, HC_EPS = 0.25, 1.0
 EPS = {"norm_eps": NORM_EPS, "hc_eps": HC_EPS}
 WRONG_EPS = {  # what a hook reading the wrong attributes would compute
@@ -81,10 +82,11 @@ def test_draft_hook_empty_and_non_contiguous_input(sgl):
     x, *params = make_inputs(0, 40, torch.bfloat16)
     y = model.hc_head(x, *params)
     assert y.shape == (0, 40) and y.dtype == torch.bfloat16
+    assert sgl.originals[DRAFT].calls == 1  # empty: SGLang's own
     wide, *params = make_inputs(3, 80, torch.bfloat16)
     x = wide[:, :, ::2]  # [3, 4, 40], strided
     y = model.hc_head(x, params[0][:, :160].contiguous(), *params[1:])
-    assert sgl.originals[DRAFT].calls == 0
+    assert sgl.originals[DRAFT].calls == 1
     assert_matches(y, hc_head_reference(x, params[0][:, :160], *params[1:], **EPS), "strided x")
 
 
@@ -136,8 +138,8 @@ def test_target_hook_in_the_table_matches_sglang_kernel(sgl, H):
 ])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_target_hook_follows_the_table(sgl, monkeypatch, T, H, hc, ours, dtype):
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ((2, 2), (3, 4)))
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["graph"], 40, ())  # CPU: never capturing
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["eager"], 40, ((2, 2), (3, 4)))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["graph"], 40, ())  # CPU: no capture
     sgl.install()
     model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     inputs = make_inputs(T, H, dtype, hc=hc)
@@ -154,7 +156,7 @@ def test_target_hook_follows_the_table(sgl, monkeypatch, T, H, hc, ours, dtype):
 
 def test_target_prefers_dsv4spec_exactly_inside_each_range():
     for mode in ("graph", "eager"):
-        table = hooks.TARGET_HC_HEAD_FASTER[mode]
+        table = hooks.TARGET_HC_HEAD_FASTER[SM90][mode]
         assert set(table) == {4096, 7168}, f"{mode}: both DSV4 widths measured"
         for H, spans in table.items():
             for lo, hi in spans:
@@ -164,22 +166,23 @@ def test_target_prefers_dsv4spec_exactly_inside_each_range():
                     assert hooks.target_prefers_dsv4spec(T, H, mode == "graph") == covered
                     assert covered or not inside
         assert not hooks.target_prefers_dsv4spec(4, 5120, mode == "graph")
+        assert not hooks.target_prefers_dsv4spec(4, 7168, mode == "graph", (10, 0))
     # the two modes are decided separately
     graph_only = {40: ((1, 8),)}
     for mode, table in (("graph", graph_only), ("eager", {})):
-        hooks.TARGET_HC_HEAD_FASTER[mode].update(table)
+        hooks.TARGET_HC_HEAD_FASTER[SM90][mode].update(table)
     try:
         assert hooks.target_prefers_dsv4spec(3, 40, True)
         assert not hooks.target_prefers_dsv4spec(3, 40, False)
     finally:
-        hooks.TARGET_HC_HEAD_FASTER["graph"].pop(40)
+        hooks.TARGET_HC_HEAD_FASTER[SM90]["graph"].pop(40)
 
 
 def test_target_hook_asks_whether_it_is_captured(sgl, monkeypatch):
     seen = []
     monkeypatch.setattr(hooks, "_capturing", lambda x: seen.append(x.shape) or True)
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["graph"], 40, ((1, 8),))
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ())
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["graph"], 40, ((1, 8),))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["eager"], 40, ())
     sgl.install()
     model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     inputs = make_inputs(3, 40, torch.bfloat16)
@@ -194,7 +197,7 @@ def test_target_hook_asks_whether_it_is_captured(sgl, monkeypatch):
 ])
 def test_switched_off_hook_leaves_sglang_original(sgl, monkeypatch, switch, target):
     monkeypatch.setenv(switch, "0")
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], 40, ((1, 8),))
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["eager"], 40, ((1, 8),))
     sgl.install()
     if target == DRAFT:
         model = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)
@@ -211,7 +214,8 @@ def test_switched_off_hook_leaves_sglang_original(sgl, monkeypatch, switch, targ
 def test_gpu_target_hook_captured_in_a_cuda_graph_is_ours(sgl, monkeypatch, H):
     """Under capture the target hook takes the graph table (ours everywhere measured), eagerly
     the eager table; a replay with new x equals SGLang's own kernel within bf16 rounding."""
-    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER["eager"], H, ())  # eager: SGLang's own
+    # eager: SGLang's own
+    monkeypatch.setitem(hooks.TARGET_HC_HEAD_FASTER[SM90]["eager"], H, ())
     sgl.install()
     model = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     x, hc_fn, hc_scale, hc_base = make_inputs(16, H, torch.bfloat16)

@@ -1,39 +1,63 @@
-"""AROUND hooks on the draft's and the target's ``hc_head`` (SPEC §3).
+"""AROUND hooks on the draft's and the target's ``hc_head``.
 
 The draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
-replaces it everywhere Triton runs. The target's (``DeepseekV4Model.hc_head``) is already SGLang's
-own fused Triton kernel (``fused_hc_head``): ours replaces it only where it measured faster.
+replaces it on the GPU architectures it was measured on. The target's (``DeepseekV4Model.hc_head``)
+is already SGLang's own fused Triton kernel (``fused_hc_head``): ours replaces it only where it
+measured faster, per architecture, mode and width.
+
+Both step aside (SGLang's path runs) on ROCm, on GPU architectures absent from the measured
+tables, under ``torch.compile``, and when SGLang's deterministic inference or batch-invariant mode
+is on: our tiling depends on the token count, so a token's result could depend on the batch it
+came in.
+
+Both compile every kernel variant they can need when they first see a (device, width, dtype):
+SGLang's warm-up passes run before its CUDA-graph capture, so nothing compiles inside a capture or
+while serving. Token counts beyond what was compiled (and a first sight inside a capture) take
+SGLang's path.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import sys
+import time
 from typing import Any
 
 import torch
 
-from dsv4spec.kernels import triton_runs_on
-from dsv4spec.kernels.hc_head import HC
+from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.kernels import on_rocm, stream_capturing, triton_runs_on
+from dsv4spec.kernels.hc_head import HC, PRECOMPILE_MAX_TOKENS, precompile
 from dsv4spec.ops import hc_head
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
-# Where dsv4spec's hc_head beat SGLang's fused_hc_head on one H200, per mode ("graph": device time
-# inside a CUDA graph; "eager": host wall time per back-to-back eager call, both measured side by
-# side) and hidden size: inclusive token ranges whose measured points all won. Source:
-# benchmarks/results/hc_head_tensor_cores.md (2026-11-29, provider "sglang": SGLang / ours
-# 3.7-14.1x in a graph, 1.2-3.9x eager; before it hc_head.md, 2.85-12.9x and 1.30-3.0x), T in
-# {1, 4, 16, 64, 256, 1024, 4096}. Anything else (other widths, T > 4096) keeps SGLang's path.
-TARGET_HC_HEAD_FASTER: dict[str, dict[int, tuple[tuple[int, int], ...]]] = {
-    "graph": {4096: ((1, 4096),), 7168: ((1, 4096),)},
-    "eager": {4096: ((1, 4096),), 7168: ((1, 4096),)},
+# Where dsv4spec's hc_head beat SGLang's fused_hc_head, per GPU architecture (compute capability),
+# mode ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager
+# call, both measured side by side) and hidden size: inclusive token ranges whose measured points
+# all won. sm_90 source: benchmarks/results/hc_head_tensor_cores.md (H200, 2026-11-29, provider
+# "sglang": SGLang / ours 3.7-14.1x in a graph, 1.2-3.9x eager), T in {1, 4, 16, 64, 256, 1024,
+# 4096}. Anything else (other architectures and widths, T > 4096) keeps SGLang's path.
+TARGET_HC_HEAD_FASTER: dict[tuple[int, int], dict[str, dict[int, tuple[tuple[int, int], ...]]]] = {
+    (9, 0): {
+        "graph": {4096: ((1, 4096),), 7168: ((1, 4096),)},
+        "eager": {4096: ((1, 4096),), 7168: ((1, 4096),)},
+    },
 }
+# Architectures where the draft hook's kernel was measured against the draft's eager chain
+# (results/hc_head_tensor_cores.md, provider "eager").
+DRAFT_HC_HEAD_MEASURED: tuple[tuple[int, int], ...] = ((9, 0),)
+# The architecture the CPU interpreter stands in for (its grids mirror an H200's).
+INTERPRETER_ARCHITECTURE = (9, 0)
 
 _warned: set[str] = set()
+_architectures: dict[int, tuple[int, int] | None] = {}
+_compiled: set[tuple] = set()
+_deterministic: bool | None = None
 
 
-def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool) -> bool:
+def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
+                            architecture: tuple[int, int] = INTERPRETER_ARCHITECTURE) -> bool:
     """Whether the target's hc_head should run dsv4spec's kernel rather than SGLang's.
 
     Parameters
@@ -45,69 +69,141 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool) -
     in_graph : bool
         Whether the call is being captured into a CUDA graph (device time is what counts) or
         runs eagerly (host time included).
+    architecture : (int, int)
+        The GPU's compute capability.
 
     Returns
     -------
     bool
         True iff ``num_tokens`` lies in one of the measured winning ranges of
-        :data:`TARGET_HC_HEAD_FASTER` for that mode and ``hidden_size``.
+        :data:`TARGET_HC_HEAD_FASTER` for that architecture, mode and ``hidden_size``.
     """
-    spans = TARGET_HC_HEAD_FASTER["graph" if in_graph else "eager"].get(hidden_size, ())
+    table = TARGET_HC_HEAD_FASTER.get(architecture)
+    if table is None:
+        return False
+    spans = table["graph" if in_graph else "eager"].get(hidden_size, ())
     return any(lo <= num_tokens <= hi for lo, hi in spans)
 
 
-def _capturing(x: torch.Tensor) -> bool:
-    if not x.is_cuda:
+def _architecture(x: torch.Tensor) -> tuple[int, int] | None:
+    """``x``'s GPU compute capability; the interpreter's stand-in on CPU; None on ROCm."""
+    index = x.get_device()
+    if index < 0:
+        return INTERPRETER_ARCHITECTURE
+    if index not in _architectures:
+        _architectures[index] = (None if on_rocm()
+                                 else tuple(torch.cuda.get_device_capability(index)))
+    return _architectures[index]
+
+
+def sglang_deterministic() -> bool:
+    """Whether SGLang runs in deterministic inference or batch-invariant mode.
+
+    Read from the SGLang modules already loaded (nothing is imported); remembered once SGLang has
+    published its configuration, since both are fixed at server start.
+    """
+    global _deterministic
+    if _deterministic is not None:
+        return _deterministic
+    invariant = sys.modules.get("sglang.srt.batch_invariant_ops")
+    if invariant is not None and invariant.is_batch_invariant_mode_enabled():
+        return True
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is None:
         return False
-    return torch._C._cuda_isCurrentStreamCapturing()
+    try:
+        verdict = bool(context.get_exec().deterministic.enable_deterministic_inference)
+    except (ValueError, AttributeError):  # not published yet: ask again next call
+        return False
+    _deterministic = verdict
+    return verdict
 
 
-def _fallback(which: str, error: Exception) -> None:
+def _compiled_for(x: torch.Tensor) -> bool:
+    """Every kernel variant ``T = 1..PRECOMPILE_MAX_TOKENS`` need is compiled for ``x``'s device,
+    width and dtype (compiled now at first sight, outside any capture; both hooks share them).
+    False: leave this call to SGLang."""
+    index = x.get_device()
+    if index < 0:
+        return True  # the interpreter compiles nothing
+    key = (index, x.shape[2], x.dtype)
+    if key in _compiled:
+        return True
+    if stream_capturing(index):
+        return False
+    start = time.perf_counter()
+    count = precompile(x.shape[2], x.dtype, index)
+    _compiled.add(key)
+    logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: %d "
+                   "variants compiled in %.1f s", x.shape[2], x.dtype, PRECOMPILE_MAX_TOKENS,
+                   index, count, time.perf_counter() - start)
+    return True
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return stream_capturing(x.get_device())
+
+
+def _step_aside_on_device(x: torch.Tensor) -> bool:
+    # Under torch.compile (SGLang's --enable-torch-compile) SGLang's own path is what gets traced:
+    # the eager fast path's host-side checks are not traceable.
+    return (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(x.device)
+            or sglang_deterministic())
+
+
+def _rejected(which: str, error: Exception) -> Any:
     if which not in _warned:
         _warned.add(which)
-        logger.warning("%s hc_head: dsv4spec's op rejected the inputs (%s); SGLang's own "
-                       "hc_head runs for such inputs", which, error)
+        logger.warning("dsv4spec: %s hc_head: dsv4spec's op rejected the inputs (%s); SGLang's "
+                       "own hc_head runs for such inputs", which, error)
+    return STEP_ASIDE
 
 
 def draft_hc_head(
-    original: Callable[..., torch.Tensor], self: Any, x: torch.Tensor, hc_fn: torch.Tensor,
-    hc_scale: torch.Tensor, hc_base: torch.Tensor,
-) -> torch.Tensor:
-    """AROUND hook for ``DeepseekV4ModelNextN.hc_head``: dsv4spec's fused hc_head.
+    self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+) -> Any:
+    """Fast path for ``DeepseekV4ModelNextN.hc_head``: dsv4spec's fused hc_head.
 
-    Uses the module's ``rms_norm_eps`` and ``hc_eps``; runs the original where Triton cannot run
-    on ``x``'s device, or when dsv4spec's op rejects the inputs.
+    Uses the module's ``rms_norm_eps`` and ``hc_eps``; steps aside for inputs or devices it does
+    not cover (see the module docstring).
     """
-    if not triton_runs_on(x.device):
-        return original(self, x, hc_fn, hc_scale, hc_base)
+    if (x.dim() != 3 or x.shape[1] != HC or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
+            or _step_aside_on_device(x) or _architecture(x) not in DRAFT_HC_HEAD_MEASURED
+            or not _compiled_for(x)):
+        return STEP_ASIDE
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
-                       norm_eps=self.rms_norm_eps, hc_eps=self.hc_eps)
+                       norm_eps=self.rms_norm_eps, hc_eps=self.hc_eps, impl="triton")
     except (ValueError, TypeError) as e:  # raised by the input checks, before any work
-        _fallback("draft", e)
-        return original(self, x, hc_fn, hc_scale, hc_base)
+        return _rejected("draft", e)
 
 
 def target_hc_head(
-    original: Callable[..., torch.Tensor], self: Any, x: torch.Tensor, hc_fn: torch.Tensor,
-    hc_scale: torch.Tensor, hc_base: torch.Tensor,
-) -> torch.Tensor:
-    """AROUND hook for ``DeepseekV4Model.hc_head``: dsv4spec's kernel where it measured faster.
+    self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+) -> Any:
+    """Fast path for ``DeepseekV4Model.hc_head``: dsv4spec's kernel where it measured faster.
 
-    Uses the module's ``norm_eps`` and ``hc_eps``. Runs the original (SGLang's ``fused_hc_head``,
-    or its torch path for empty input) unless ``x`` is ``[T, 4, H]`` on a device Triton runs on
-    and :func:`target_prefers_dsv4spec` says so for this mode (graph capture or eager).
+    Uses the module's ``norm_eps`` and ``hc_eps``. Steps aside (SGLang's ``fused_hc_head``, or
+    its torch path for empty input) unless ``x`` is ``[T, 4, H]`` on a device it covers and
+    :func:`target_prefers_dsv4spec` says so for this architecture and mode.
     """
-    if (x.dim() != 3 or x.shape[1] != HC or not triton_runs_on(x.device)
-            or not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x))):
-        return original(self, x, hc_fn, hc_scale, hc_base)
+    if x.dim() != 3 or x.shape[1] != HC or _step_aside_on_device(x):
+        return STEP_ASIDE
+    if (not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x), _architecture(x))
+            or x.shape[0] > PRECOMPILE_MAX_TOKENS or not _compiled_for(x)):
+        return STEP_ASIDE
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
                        norm_eps=self.norm_eps, hc_eps=self.hc_eps, impl="triton")
     except (ValueError, TypeError) as e:
-        _fallback("target", e)
-        return original(self, x, hc_fn, hc_scale, hc_base)
+        return _rejected("target", e)
 
 
-draft_hc_head._dsv4spec_hook = True
-target_hc_head._dsv4spec_hook = True
+def make_draft_hook(module: Any = None) -> GuardedHook:
+    return GuardedHook("draft hc_head", draft_hc_head, logger, "SGLang")
+
+
+def make_target_hook(module: Any = None) -> GuardedHook:
+    return GuardedHook("target hc_head", target_hc_head, logger, "SGLang")

@@ -1,25 +1,25 @@
 """Registration of dsv4spec's hooks with SGLang's plugin system (``sglang.srt.plugins``).
 
-SGLang calls :func:`register` in every process (``load_plugins()``), then applies the registered
-hooks. Each hook is an AROUND hook, so SGLang's original stays at hand for fallback, and has its
-own environment switch (``0`` turns it off; default on).
+SGLang calls :func:`register` in every process that runs ``load_plugins()`` (each scheduler, per
+TP rank), then applies the registered hooks. Each hook is a
+:class:`~dsv4spec.integrations.hooks.GuardedHook` AROUND hook: SGLang's original stays at hand,
+runs wherever dsv4spec's path steps aside, and takes over for good if dsv4spec's path raises.
+Each has its own environment switch (``0`` turns it off; default on).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
-import inspect
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
+
+from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
-OFF_VALUES = ("0", "false", "off", "no")
+__all__ = ["HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
 
 
 def _rollback_hook(module: ModuleType) -> Callable:
@@ -29,31 +29,15 @@ def _rollback_hook(module: ModuleType) -> Callable:
 
 
 def _draft_hc_head_hook(module: ModuleType) -> Callable:
-    from dsv4spec.integrations.sglang.hc_head import draft_hc_head
+    from dsv4spec.integrations.sglang.hc_head import make_draft_hook
 
-    return draft_hc_head
+    return make_draft_hook(module)
 
 
 def _target_hc_head_hook(module: ModuleType) -> Callable:
-    from dsv4spec.integrations.sglang.hc_head import target_hc_head
+    from dsv4spec.integrations.sglang.hc_head import make_target_hook
 
-    return target_hc_head
-
-
-@dataclass(frozen=True)
-class Hook:
-    """One AROUND hook: its switch, the SGLang method it wraps, and that method's parameters."""
-
-    name: str
-    switch: str
-    module: str
-    attr: str
-    params: tuple[str, ...]
-    make: Callable[[ModuleType], Callable]
-
-    @property
-    def target(self) -> str:
-        return f"{self.module}.{self.attr}"
+    return make_target_hook(module)
 
 
 _HC_HEAD_PARAMS = ("self", "x", "hc_fn", "hc_scale", "hc_base")
@@ -72,29 +56,12 @@ HOOKS = (
 _announced = False
 
 
-def switch_on(switch: str) -> bool:
-    """Whether the environment switch ``switch`` leaves its hook on (unset: on)."""
-    return os.environ.get(switch, "1").strip().lower() not in OFF_VALUES
-
-
 def installed_sglang_version() -> str | None:
     """``importlib.metadata.version("sglang")`` (no import of sglang), ``None`` if absent."""
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _resolve(hook: Hook) -> ModuleType:
-    """The target's module, after checking the target exists with the expected parameters."""
-    module = importlib.import_module(hook.module)
-    fn = module
-    for part in hook.attr.split("."):
-        fn = getattr(fn, part)
-    params = tuple(inspect.signature(fn).parameters)
-    if params != hook.params:
-        raise TypeError(f"parameters {params}, the hook expects {hook.params}")
-    return module
 
 
 def _registered(registry: type, target: str) -> bool:
@@ -114,8 +81,12 @@ def register() -> list[str]:
     list of str
         The dotted targets registered (or already registered) by this call.
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except Exception as e:  # noqa: BLE001 - a plugin must never stop the server from starting
+        logger.warning("dsv4spec: SGLang plugin not installed: SGLang's hook registry is not "
+                       "importable (%s: %s)", type(e).__name__, e)
+        return []
     version = installed_sglang_version()
     installed, off, skipped = [], [], []
     for hook in HOOKS:
@@ -123,7 +94,7 @@ def register() -> list[str]:
             off.append(f"{hook.name} ({hook.switch}=0)")
             continue
         try:
-            fn = hook.make(_resolve(hook))
+            fn = hook.make(hook.resolve())
         except Exception as e:  # another SGLang version: renamed, moved or changed
             logger.warning("dsv4spec: %s hook skipped: %s is not usable in SGLang %s (%s: %s)",
                            hook.name, hook.target, version, type(e).__name__, e)
@@ -148,6 +119,7 @@ def _announce(version: str | None, installed: list[str], off: list[str],
         logger.warning("dsv4spec: SGLang %s is not a supported version (%s); hooks are "
                        "installed only where their targets match", version,
                        ", ".join(SUPPORTED_SGLANG_VERSIONS))
-    logger.info("dsv4spec %s SGLang plugin on SGLang %s: installed %s; off: %s; skipped: %s",
-                __version__, version, ", ".join(installed) or "nothing",
-                ", ".join(off) or "none", ", ".join(skipped) or "none")
+    # WARNING: SGLang configures logging after loading plugins, so a lower level is lost.
+    logger.warning("dsv4spec %s SGLang plugin on SGLang %s: installed %s; off: %s; skipped: %s",
+                   __version__, version, ", ".join(installed) or "nothing",
+                   ", ".join(off) or "none", ", ".join(skipped) or "none")

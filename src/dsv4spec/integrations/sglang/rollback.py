@@ -4,19 +4,20 @@ SGLang launches its per-layer cleanup kernel once per C128 state (31 launches pe
 DSV4-Pro, eagerly after acceptance). The hook keeps the original's contract and early returns and
 replaces the loop with one :class:`~dsv4spec.ops.C128DraftCleanup` launch over the same buffers,
 built lazily and cached on the KV pool object. Wherever the fused path cannot apply, the original
-runs unchanged.
+runs unchanged; :class:`~dsv4spec.integrations.hooks.GuardedHook` turns the hook off for good if
+the fused path ever raises.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from dsv4spec.kernels import triton_runs_on
+from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.kernels import on_rocm, stream_capturing, triton_runs_on
 from dsv4spec.ops import C128DraftCleanup
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
@@ -43,12 +44,7 @@ class RollbackPlan:
 
 
 def _capturing(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    except RuntimeError:  # CPU-only torch builds raise instead of answering False
-        return False
+    return stream_capturing(device)
 
 
 def _plan(kv_pool: Any, ptrs: list[int], num_draft_tokens: int,
@@ -64,6 +60,8 @@ def _plan(kv_pool: Any, ptrs: list[int], num_draft_tokens: int,
     device = states[0].device
     if not triton_runs_on(device):
         return RollbackPlan(ptrs, None, f"Triton cannot run on {device}")
+    if on_rocm():
+        return RollbackPlan(ptrs, None, "ROCm: the fused kernel is measured on NVIDIA GPUs only")
     if _capturing(device):  # building uploads a pointer table: not inside a CUDA graph
         return None
     max_draft = max(MIN_MAX_DRAFT_TOKENS, num_draft_tokens)
@@ -79,7 +77,7 @@ def _plan(kv_pool: Any, ptrs: list[int], num_draft_tokens: int,
     return RollbackPlan(ptrs, cleanup)
 
 
-def make_rollback_hook(pool_module: ModuleType) -> Callable[..., None]:
+def make_rollback_hook(pool_module: ModuleType) -> GuardedHook:
     """The AROUND hook for ``clear_unaccepted_c128_draft_states`` of ``pool_module``'s pool.
 
     Parameters
@@ -90,18 +88,20 @@ def make_rollback_hook(pool_module: ModuleType) -> Callable[..., None]:
 
     Returns
     -------
-    callable
+    GuardedHook
         ``hook(original, self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)``.
     """
     if not isinstance(getattr(pool_module, "ONLINE_C128", None), bool):
         raise AttributeError(f"{pool_module.__name__} has no bool ONLINE_C128")
 
     def clear_unaccepted_c128_draft_states(
-        original: Callable[..., None], self: Any, req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor, accept_lens: torch.Tensor, num_draft_tokens: int,
-    ) -> None:
+        self: Any, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+        accept_lens: torch.Tensor, num_draft_tokens: int,
+    ) -> Any:
         if pool_module.ONLINE_C128 or num_draft_tokens <= 1 or req_pool_indices.numel() == 0:
-            return None
+            return None  # the original's early returns
+        if torch.compiler.is_compiling():
+            return STEP_ASIDE  # the helper's host-side planning is not traceable
         # The fingerprint: the base addresses of the current C128 buffers. It changes when a
         # pool or buffer is replaced (the plan holds the old tensors, so a new one lives
         # elsewhere) and when a held buffer is reallocated (what is_stale() reports), i.e.
@@ -113,23 +113,22 @@ def make_rollback_hook(pool_module: ModuleType) -> Callable[..., None]:
                 plan.cleanup is not None and num_draft_tokens > plan.cleanup.max_num_draft_tokens):
             plan = _plan(self, ptrs, num_draft_tokens, plan)
             if plan is None:
-                return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+                return STEP_ASIDE
             setattr(self, CACHE_ATTR, plan)
             if plan.cleanup is None:
-                logger.info("C128 rollback: the per-layer original runs for %s: %s",
-                            type(self).__name__, plan.reason)
+                logger.warning("dsv4spec: C128 rollback: SGLang's per-layer loop runs for %s: %s",
+                               type(self).__name__, plan.reason)
         if plan.cleanup is None:
-            return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+            return STEP_ASIDE
         try:
             plan.cleanup.clear(req_pool_indices, seq_lens, accept_lens,
                                num_draft_tokens=num_draft_tokens)
         except (ValueError, TypeError) as e:  # raised by the input checks, before any launch
             if plan.reason != str(e):
                 plan.reason = str(e)
-                logger.warning("C128 rollback: fused path rejected the inputs (%s); the "
-                               "per-layer original runs", e)
-            return original(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+                logger.warning("dsv4spec: C128 rollback: fused path rejected the inputs (%s); "
+                               "SGLang's per-layer loop runs for such inputs", e)
+            return STEP_ASIDE
         return None
 
-    clear_unaccepted_c128_draft_states._dsv4spec_hook = True
-    return clear_unaccepted_c128_draft_states
+    return GuardedHook("C128 rollback", clear_unaccepted_c128_draft_states, logger, "SGLang")

@@ -1,0 +1,107 @@
+"""What every serving-engine plugin of dsv4spec needs, whatever the engine: switches, hook
+targets, and hooks that can never take the engine down.
+
+A hook wraps one method of the engine. Its fast path (dsv4spec's op) either returns the method's
+result, or :data:`STEP_ASIDE` where it does not apply (another device, an input it does not
+cover, a mode it was not measured in), and then the engine's original runs with the same
+arguments. :class:`GuardedHook` adds the rule a server that runs for days needs: any exception
+from the fast path, of any type, is logged once at WARNING with its traceback, switches that hook
+off for the rest of the process, and the original runs instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+OFF_VALUES = ("0", "false", "off", "no")
+
+
+def switch_on(switch: str) -> bool:
+    """Whether the environment switch ``switch`` leaves its hook on (unset: on)."""
+    return os.environ.get(switch, "1").strip().lower() not in OFF_VALUES
+
+
+class _StepAside:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STEP_ASIDE"
+
+
+# Returned by a fast path that does not apply to a call: the engine's original runs instead.
+STEP_ASIDE: Any = _StepAside()
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One hook: its switch, the engine method it wraps (``module`` + dotted ``attr``), that
+    method's parameters as the hook expects them, and ``make(module)`` building the hook."""
+
+    name: str
+    switch: str
+    module: str
+    attr: str
+    params: tuple[str, ...]
+    make: Callable[[ModuleType], Callable]
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.attr}"
+
+    def resolve(self) -> ModuleType:
+        """The target's module, after checking the target exists with :attr:`params`."""
+        module = importlib.import_module(self.module)
+        fn = module
+        for part in self.attr.split("."):
+            fn = getattr(fn, part)
+        params = tuple(inspect.signature(fn).parameters)
+        if params != self.params:
+            raise TypeError(f"parameters {params}, the hook expects {self.params}")
+        return module
+
+
+class GuardedHook:
+    """An AROUND hook ``hook(original, *args, **kwargs)`` around a fast path that never fails the
+    engine: ``fast(*args, **kwargs)`` returns the result or :data:`STEP_ASIDE`; any exception it
+    raises switches the hook off (one WARNING with the traceback) and the original runs.
+
+    Exceptions raised by the original propagate untouched: they are the engine's own.
+    """
+
+    _dsv4spec_hook = True  # how a registry tells dsv4spec's hooks from others
+
+    def __init__(self, name: str, fast: Callable[..., Any], logger: logging.Logger,
+                 engine: str = "the engine") -> None:
+        self.name = name
+        self.fast = fast
+        self.logger = logger
+        self.engine = engine
+        self.enabled = True
+        self.failure: str | None = None
+
+    def __call__(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.enabled:
+            try:
+                result = self.fast(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - whatever it is, the server must keep serving
+                self.switch_off(e)
+            else:
+                if result is not STEP_ASIDE:
+                    return result
+        return original(*args, **kwargs)
+
+    def switch_off(self, error: BaseException) -> None:
+        """Turn the hook off for the rest of the process, logging ``error`` once."""
+        self.enabled = False
+        self.failure = f"{type(error).__name__}: {error}"
+        self.logger.warning(
+            "dsv4spec: the %s hook failed (%s); it is off for the rest of this process and "
+            "%s's own code runs in its place", self.name, self.failure, self.engine,
+            exc_info=(type(error), error, error.__traceback__))
