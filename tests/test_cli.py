@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dsv4spec.cli import main
+from dsv4spec.cli import BENCHMARKS, COMMANDS, EXIT_USAGE, main
 
 # With a GPU, conftest leaves TRITON_INTERPRET unset, so the kernels are compiled for CUDA and
 # cannot take CPU tensors: the demo then runs on the GPU. Without one (CI) it runs on CPU with the
@@ -29,10 +29,25 @@ def test_demo_fused_and_loop_equal_reference(capsys, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="checks the message on a machine without CUDA")
-def test_bench_cleanup_without_cuda_fails_clearly(capsys, tmp_path):
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_benchmark_without_cuda_fails_clearly_with_one_exit_status(name, capsys, tmp_path):
     out_dir = tmp_path / "results"
-    rc = main(["bench", "cleanup", "--out", str(out_dir)])
+    rc = main(["bench", name, "--out", str(out_dir)])
     out = capsys.readouterr().out
-    assert rc == 2
-    assert "bench cleanup needs a CUDA GPU" in out
+    assert rc == EXIT_USAGE == 2
+    assert f"bench {name} needs a CUDA GPU" in out
     assert not out_dir.exists(), "no results may be written without a GPU"
+
+
+def test_help_lists_every_command_and_benchmark_with_its_summary(capsys):
+    for argv, names in ((["--help"], [*COMMANDS, "bench"]), (["bench", "--help"], BENCHMARKS)):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "exit status:" in out
+        for name in names:
+            assert f" {name} " in out, (name, out)
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "no-such-benchmark"])
+    assert exit_.value.code == EXIT_USAGE

@@ -1,10 +1,20 @@
-"""``dsv4spec demo``: speculative-decoding rollback on a DSV4-Pro-shaped C128 state pool."""
+"""``dsv4spec demo``: the C128 rollback on a DSV4-Pro-shaped pool (fused vs loop vs reference),
+then the trained tiny model generating with and without MTP speculative decoding."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import torch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_demo(args.device)
 
 
 def run_demo(device: str | None = None) -> int:

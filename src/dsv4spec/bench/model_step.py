@@ -33,9 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("model-step benchmark needs a CUDA GPU")
-        return 1
     env = common.environment()
     model = build_model(args.preset, device="cuda", dtype=torch.bfloat16)
     cfg = model.cfg
