@@ -2,8 +2,9 @@
 # Run the GPU test suite and the benchmarks in one go from a source checkout, on a GPU machine
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32 sweep-partials
-#   (default: the first five); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
+#   steps: tests tests-plugin sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32
+#          sweep-partials plugin mhc
+#   (default: tests eager-cost cleanup hc-head sanitizer); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
 # DSV4SPEC_SGLANG_ROOT pointing at an unpacked wheel: a folder holding sglang/).
@@ -48,12 +49,20 @@ for s in $STEPS; do
       $PY -m dsv4spec.cli bench e2e --dtype float32 --name e2e_fp32 --out "$OUT/results" 2>&1 \
         | tee "$OUT/bench_e2e_fp32.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    eager-cost|cleanup|hc-head|model-step|e2e|cleanup:quick|hc-head:quick|e2e:quick)
+    tests-plugin)
+      step "pytest -m gpu: the plugin and the ops it hooks"
+      $PY -m pytest -m gpu -q -p no:cacheprovider tests/integrations tests/kernels \
+        tests/ops/test_hc_head.py tests/ops/test_c128_cleanup.py 2>&1 \
+        | tee "$OUT/pytest_gpu_plugin.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    eager-cost|cleanup|hc-head|model-step|e2e|plugin|mhc|cleanup:quick|hc-head:quick|e2e:quick|mhc:quick)
       name=${s%:quick}
       flags=$([ "$s" != "$name" ] && echo --quick)
       case $name in cleanup|hc-head|eager-cost) flags="$flags --peer sglang" ;; esac
+      # the plugin's first-sight compile is timed cold: no kernel in Triton's disk cache
+      cache=$([ "$name" = plugin ] && echo "TRITON_CACHE_DIR=$(mktemp -d)")
       step "dsv4spec bench $name $flags"
-      $PY -m dsv4spec.cli bench "$name" $flags --out "$OUT/results" 2>&1 \
+      env $cache $PY -m dsv4spec.cli bench "$name" $flags --out "$OUT/results" 2>&1 \
         | tee "$OUT/bench_$name.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     *) echo "unknown step $s"; status=1 ;;
