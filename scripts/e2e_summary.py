@@ -1,5 +1,5 @@
 """Summarise `dsv4spec bench e2e` results: per preset and batch size, all optimisations on vs
-SGLang's arrangement, and each phase's saving measured the way the e2e notes say.
+SGLang's arrangement, and each phase's saving measured as docs/benchmarks.md describes.
 
     python scripts/e2e_summary.py benchmarks/results/e2e.json [more.json ...] > summary.md
 """
