@@ -1,4 +1,4 @@
-"""Compression math against SPEC §4 written as explicit float64 loops."""
+"""Compression math (docs/design.md) against the formulas written as explicit float64 loops."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""mHC against SPEC §3, written independently in float64 (per-stream sums and explicit loops)."""
+"""mHC against its formulas (docs/design.md), written independently in float64 (per-stream sums
+and explicit loops)."""
 
 import pytest
 import torch

@@ -2,9 +2,9 @@
 
 Verify of W tokens equals W decodes; a prefill in chunks equals one prefill; a padded batch of
 prompts of different lengths equals each prompt alone; the MTP draft's extend equals its decodes;
-and the entries compressed incrementally from state rings equal the SPEC §4 math over the whole
-sequence. Positions are chosen so block ends of both compressors (ratio 16 and the overlapping 4)
-fall inside the batches.
+and the entries compressed incrementally from state rings equal the compressor math
+(docs/design.md) over the whole sequence. Positions are chosen so block ends of both compressors
+(ratio 16 and the overlapping 4) fall inside the batches.
 """
 
 import copy
@@ -108,7 +108,8 @@ def test_draft_extend_equals_draft_decodes(model):
 
 
 def test_incremental_entries_equal_the_compression_math(model):
-    """Entries built step by step from the rings equal SPEC §4 applied to all rows at once."""
+    """Entries built step by step from the rings equal the compressor math applied to all rows
+    at once."""
     cfg = model.cfg
     captured = {}
     hooks = [layer.attn.compressor.register_forward_pre_hook(
@@ -164,8 +165,8 @@ def test_serving_build_on_cpu():
 
 
 def test_rollback_neutralises_rejected_c128_rows_and_outputs_do_not_depend_on_it(model):
-    """SPEC §4: rejected drafts' rows become neutral in every ratio-16 ring; the next step's
-    outputs are the same with or without the rollback (no rejected row is ever read)."""
+    """The rollback contract: rejected drafts' rows become neutral in every ratio-16 ring; the
+    next step's outputs are the same with or without the rollback (no rejected row is ever read)."""
     start, W, accept = 29, 4, 2
     state = model.new_state(num_slots=2, max_seq_len=128, max_num_draft_tokens=4)
     extend(model, state, [tokens(start, 1)], [1], [0])

@@ -1,4 +1,4 @@
-"""KV compression math (SPEC §4): gated softmax pooling of a block of raw rows into one entry.
+"""KV compression math: gated softmax pooling of a block of raw rows into one entry.
 
 A compressor of ratio ``m`` turns each token ``p`` into a raw row ``[kv | score]`` with
 ``score = wgate(x_p) + ape[p mod m]`` (float32). Entry ``j`` pools, per channel ``c``,

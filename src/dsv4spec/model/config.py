@@ -1,4 +1,4 @@
-"""Model configuration: DSV4's ``config.json`` keys, validated, plus named presets (SPEC §2)."""
+"""Model configuration: DSV4's ``config.json`` keys, validated, plus named presets."""
 
 from __future__ import annotations
 

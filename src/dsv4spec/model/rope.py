@@ -1,4 +1,4 @@
-"""Rotary embedding on the last ``qk_rope_head_dim`` dims, interleaved pairs (SPEC §2).
+"""Rotary embedding on the last ``qk_rope_head_dim`` dims, interleaved pairs.
 
 Window-only layers and the MTP layer use ``rope_theta``; compressor layers use
 ``compress_rope_theta`` with YaRN (``rope_scaling``). Pairs ``(2i, 2i+1)`` of the rotary part
