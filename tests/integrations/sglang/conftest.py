@@ -44,6 +44,8 @@ def sgl(monkeypatch):
         monkeypatch.delenv(switch, raising=False)
     monkeypatch.setattr(plugin, "_announced", False)
     monkeypatch.setattr(hc_head_hooks, "_warned", set())
+    monkeypatch.setattr(hc_head_hooks, "_ready", {})
+    monkeypatch.setattr(hc_head_hooks, "_deterministic", None)
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
     try:
         standins.install_packages()

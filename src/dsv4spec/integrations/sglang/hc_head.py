@@ -52,7 +52,7 @@ INTERPRETER_ARCHITECTURE = (9, 0)
 
 _warned: set[str] = set()
 _architectures: dict[int, tuple[int, int] | None] = {}
-_compiled: set[tuple] = set()
+_ready: dict[tuple, tuple[int, int] | None] = {}
 _deterministic: bool | None = None
 
 
@@ -81,8 +81,10 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
     table = TARGET_HC_HEAD_FASTER.get(architecture)
     if table is None:
         return False
-    spans = table["graph" if in_graph else "eager"].get(hidden_size, ())
-    return any(lo <= num_tokens <= hi for lo, hi in spans)
+    for lo, hi in table["graph" if in_graph else "eager"].get(hidden_size, ()):
+        if lo <= num_tokens <= hi:
+            return True
+    return False
 
 
 def _architecture(x: torch.Tensor) -> tuple[int, int] | None:
@@ -119,36 +121,32 @@ def sglang_deterministic() -> bool:
     return verdict
 
 
-def _compiled_for(x: torch.Tensor) -> bool:
-    """Every kernel variant ``T = 1..PRECOMPILE_MAX_TOKENS`` need is compiled for ``x``'s device,
-    width and dtype (compiled now at first sight, outside any capture; both hooks share them).
-    False: leave this call to SGLang."""
+def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
+    """``x``'s GPU architecture where the hooks may run dsv4spec's kernels on ``x``'s device,
+    width and dtype, with every variant ``T = 1..PRECOMPILE_MAX_TOKENS`` needs compiled (both
+    hooks share them); None where they step aside. Decided once per (device, width, dtype), at
+    the first call outside a CUDA-graph capture (a first call inside one steps aside undecided)."""
     index = x.get_device()
-    if index < 0:
-        return True  # the interpreter compiles nothing
     key = (index, x.shape[2], x.dtype)
-    if key in _compiled:
-        return True
-    if stream_capturing(index):
-        return False
-    start = time.perf_counter()
-    count = precompile(x.shape[2], x.dtype, index)
-    _compiled.add(key)
-    logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: %d "
-                   "variants compiled in %.1f s", x.shape[2], x.dtype, PRECOMPILE_MAX_TOKENS,
-                   index, count, time.perf_counter() - start)
-    return True
+    if key in _ready:
+        return _ready[key]
+    if on_rocm() or not triton_runs_on(x.device):
+        _ready[key] = None
+        return None
+    if index >= 0:
+        if stream_capturing(index):
+            return None
+        start = time.perf_counter()
+        count = precompile(x.shape[2], x.dtype, index)
+        logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: "
+                       "%d variants compiled in %.1f s", x.shape[2], x.dtype,
+                       PRECOMPILE_MAX_TOKENS, index, count, time.perf_counter() - start)
+    _ready[key] = _architecture(x)
+    return _ready[key]
 
 
 def _capturing(x: torch.Tensor) -> bool:
     return stream_capturing(x.get_device())
-
-
-def _step_aside_on_device(x: torch.Tensor) -> bool:
-    # Under torch.compile (SGLang's --enable-torch-compile) SGLang's own path is what gets traced:
-    # the eager fast path's host-side checks are not traceable.
-    return (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(x.device)
-            or sglang_deterministic())
 
 
 def _rejected(which: str, error: Exception) -> Any:
@@ -168,9 +166,11 @@ def draft_hc_head(
     Uses the module's ``rms_norm_eps`` and ``hc_eps``; steps aside for inputs or devices it does
     not cover (see the module docstring).
     """
-    if (x.dim() != 3 or x.shape[1] != HC or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
-            or _step_aside_on_device(x) or _architecture(x) not in DRAFT_HC_HEAD_MEASURED
-            or not _compiled_for(x)):
+    # torch.compile (SGLang's --enable-torch-compile) traces SGLang's own path: the fast path's
+    # host-side decisions are not traceable.
+    if (torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC
+            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
+            or _prepared(x) not in DRAFT_HC_HEAD_MEASURED or sglang_deterministic()):
         return STEP_ASIDE
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
@@ -189,10 +189,11 @@ def target_hc_head(
     its torch path for empty input) unless ``x`` is ``[T, 4, H]`` on a device it covers and
     :func:`target_prefers_dsv4spec` says so for this architecture and mode.
     """
-    if x.dim() != 3 or x.shape[1] != HC or _step_aside_on_device(x):
+    if torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC:
         return STEP_ASIDE
-    if (not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x), _architecture(x))
-            or x.shape[0] > PRECOMPILE_MAX_TOKENS or not _compiled_for(x)):
+    architecture = _prepared(x)  # first: compiles on an eager call even where SGLang's path wins
+    if (architecture is None or x.shape[0] > PRECOMPILE_MAX_TOKENS or sglang_deterministic()
+            or not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x), architecture)):
         return STEP_ASIDE
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
