@@ -9,7 +9,7 @@ from dsv4spec.capture import (
     capture_mode,
     compile_in_capture_mode,
     is_capture_mode,
-    stream_is_capturing,
+    stream_capturing,
 )
 from dsv4spec.ops.hc_head import (
     _hc_head_compiled,
@@ -62,11 +62,11 @@ def test_capture_mode_is_per_thread():
     assert seen == [False]
 
 
-def test_stream_is_capturing_is_safe_without_cuda():
+def test_stream_capturing_is_safe_without_cuda():
     if not torch.cuda.is_available():
-        assert stream_is_capturing() is False
+        assert stream_capturing() is False
     else:
-        assert stream_is_capturing() is torch.cuda.is_current_stream_capturing()
+        assert stream_capturing() is torch.cuda.is_current_stream_capturing()
 
 
 def test_decorator_forms():
@@ -110,7 +110,7 @@ def test_new_signature_during_stream_capture_raises(monkeypatch):
     x = torch.randn(3, 5)
     with capture_mode(allow_cpu=True):
         _guarded(x)  # the warm-up compiles
-        monkeypatch.setattr(capture, "stream_is_capturing", lambda: True)
+        monkeypatch.setattr(capture, "stream_capturing", lambda: True)
         y = torch.randn(3, 5)
         torch.testing.assert_close(_guarded(y), y + 1)  # seen signature: no error
         for unseen in (torch.randn(4, 5), torch.randn(3, 5, dtype=torch.float64),

@@ -52,14 +52,22 @@ def is_capture_mode() -> bool:
     return _STATE.get() is not None
 
 
-def stream_is_capturing() -> bool:
-    """``torch.cuda.is_current_stream_capturing()``; False without CUDA (where it raises)."""
-    if not torch.cuda.is_available():
+def stream_capturing(device: torch.device | str | int | None = None) -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph.
+
+    False for non-CUDA devices, without asking CUDA: ``torch.cuda.is_current_stream_capturing``
+    raises on CPU-only torch builds. ``device`` is a device, a device index (a tensor's
+    ``get_device()``, -1 for the CPU: the cheapest form), or ``None`` for the current device.
+    """
+    if isinstance(device, int):  # a tensor's get_device(): -1 for the CPU
+        if device < 0:
+            return False
+    elif device is not None:
+        if torch.device(device).type != "cuda":
+            return False
+    elif not torch.cuda.is_available():
         return False
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    except (RuntimeError, AssertionError):
-        return False
+    return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def capture_cuda_graph(fn: Callable[[], object], device: torch.device | None = None, *,
@@ -136,7 +144,7 @@ class CaptureCompiled:
             torch.is_grad_enabled(),
             torch.is_inference_mode_enabled(),
         )
-        if key not in self._seen and stream_is_capturing():
+        if key not in self._seen and stream_capturing():
             raise RuntimeError(
                 f"{self.fn.__qualname__}: these inputs were not seen in a warm-up run under "
                 "capture_mode(), and compiling during CUDA stream capture fails; run the same "

@@ -21,21 +21,3 @@ def triton_runs_on(device: torch.device) -> bool:
 def on_rocm() -> bool:
     """True on a ROCm build of torch, whose ``cuda`` devices are AMD GPUs."""
     return torch.version.hip is not None
-
-
-def stream_capturing(device: torch.device | str | int | None = None) -> bool:
-    """Whether the current CUDA stream is being captured into a CUDA graph.
-
-    False for non-CUDA devices, without asking CUDA: ``torch.cuda.is_current_stream_capturing``
-    raises on CPU-only torch builds. ``device`` is a device, a device index (a tensor's
-    ``get_device()``, -1 for the CPU: the cheapest form), or ``None`` for the current device.
-    """
-    if isinstance(device, int):  # a tensor's get_device(): -1 for the CPU
-        if device < 0:
-            return False
-    elif device is not None:
-        if torch.device(device).type != "cuda":
-            return False
-    elif not torch.cuda.is_available():
-        return False
-    return torch._C._cuda_isCurrentStreamCapturing()

@@ -6,7 +6,7 @@ from collections import OrderedDict
 
 import torch
 
-from dsv4spec.kernels import stream_capturing
+from dsv4spec.capture import stream_capturing
 
 # Every cache together holds at most this many bytes: a serving engine's memory planner does not
 # see them, so they stay small (a few fp32 partial sums per token) and bounded.

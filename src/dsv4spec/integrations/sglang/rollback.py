@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
-from dsv4spec.kernels import on_rocm, stream_capturing, triton_runs_on
+from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import C128DraftCleanup
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
