@@ -126,6 +126,28 @@ def c128_cleanup_fused_triton(
     )
 
 
+def c128_cleanup_fused_precompile(
+    table: torch.Tensor, dtype: torch.dtype, num_states: int, num_rows: int, half: int,
+    ring_size: int, index_dtypes: tuple[torch.dtype, torch.dtype, torch.dtype],
+    num_draft_tokens: int,
+) -> None:
+    """Compile the fused kernel for every batch size (one variant per warp count of
+    :func:`cleanup_num_warps`), launching nothing: a server's first batch of a new size then
+    compiles nothing. ``index_dtypes``: those of req_pool_indices, seq_lens and accept_lens."""
+    from triton.runtime.jit import MockTensor
+
+    if table.get_device() < 0:
+        return  # the interpreter compiles nothing
+    draft_block, half_block, n_col = cleanup_launch_config(half, num_draft_tokens)
+    with torch.cuda.device(table.get_device()):
+        for batch in (1, 8):
+            _FUSED.kernel.warmup(
+                table, *(MockTensor(d) for d in index_dtypes), num_rows, num_draft_tokens,
+                grid=(batch, num_states * n_col, 1), DTYPE=_TRITON_DTYPES[dtype], HALF=half,
+                RING=ring_size, N_COL_BLOCKS=n_col, DRAFT_BLOCK=draft_block,
+                HALF_BLOCK=half_block, num_warps=cleanup_num_warps(batch))
+
+
 def c128_cleanup_triton(
     state: torch.Tensor, ring_size: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     accept_lens: torch.Tensor, num_draft_tokens: int,

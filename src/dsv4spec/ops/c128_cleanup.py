@@ -20,6 +20,7 @@ from dsv4spec.capture import capture_cuda_graph
 from dsv4spec.kernels import triton_runs_on
 from dsv4spec.kernels.c128_cleanup import (
     GRID_AXIS_LIMIT,
+    c128_cleanup_fused_precompile,
     c128_cleanup_fused_triton,
     c128_cleanup_triton,
     cleanup_launch_config,
@@ -298,6 +299,15 @@ class C128DraftCleanup:
         c128_cleanup_fused_triton(
             self.table, self.dtype, self.num_states, self.num_rows, self.half, self.ring_size,
             req_pool_indices, seq_lens, accept_lens, num_draft_tokens)
+
+    def precompile(self, num_draft_tokens: int,
+                   index_dtypes: tuple[torch.dtype, ...] = (torch.int64,) * 3) -> None:
+        """Compile :meth:`clear`'s kernel for every batch size with these index dtypes
+        (req_pool_indices, seq_lens, accept_lens), launching nothing (a no-op off CUDA)."""
+        if self.backend == "triton" and num_draft_tokens > 1:
+            c128_cleanup_fused_precompile(
+                self.table, self.dtype, self.num_states, self.num_rows, self.half,
+                self.ring_size, tuple(index_dtypes), num_draft_tokens)
 
     def graphed(self, batch_size: int, num_draft_tokens: int,
                 index_dtype: torch.dtype = torch.int32) -> C128CleanupGraph:

@@ -116,3 +116,20 @@ def test_gpu_parameter_weights_give_the_plain_tensor_result(sgl):
     params = [torch.nn.Parameter(w, requires_grad=False) for w in weights]
     plain = hooks.hc_head(x, *weights, **EPS)
     assert torch.equal(hooks.hc_head(x, *params, **EPS), plain)
+
+
+def test_gpu_rollback_compiles_nothing_after_its_first_call(sgl):
+    from dsv4spec.kernels import c128_cleanup
+
+    sgl.install()
+    pool = kv_pool(sgl, torch.float32, **PRO)
+    kernel = c128_cleanup._FUSED.kernel
+    index = torch.cuda.current_device()
+    pool.clear_unaccepted_c128_draft_states(*pro_batch(1, W, 0), W)
+    compiled = len(kernel.device_caches[index][0])
+    for bs in (2, 7, 8, 9, 16, 33, 48, 64):
+        idx, seq, acc = pro_batch(bs, W, bs)
+        pool.clear_unaccepted_c128_draft_states(idx, seq, acc, W)
+    torch.cuda.synchronize()
+    assert len(kernel.device_caches[index][0]) == compiled, "compiled while serving"
+    assert sgl.originals[ROLLBACK].calls == 0

@@ -116,6 +116,9 @@ def make_rollback_hook(pool_module: ModuleType) -> GuardedHook:
             if plan is None:
                 return STEP_ASIDE
             setattr(self, CACHE_ATTR, plan)
+            if plan.cleanup is not None:  # every batch size compiled now, not mid-request
+                plan.cleanup.precompile(num_draft_tokens, (
+                    req_pool_indices.dtype, seq_lens.dtype, accept_lens.dtype))
             if plan.cleanup is None:
                 logger.warning("dsv4spec: C128 rollback: SGLang's per-layer loop runs for %s: %s",
                                type(self).__name__, plan.reason)
