@@ -146,9 +146,10 @@ def sweep(H, T):
         variants.append({"num_splits": ns})
     for bh in (256, 512, 2048):
         variants.append({"block_h": bh})
-    variants += [{"warps": (2, 1)}, {"warps": (4, 1)}, {"warps": (8, 4)}, {"pdl": False}]
-    if T >= 16:
-        variants += [{"dot": True, "block_t": 16}]
+    variants += [{"warps": (2, 1)}, {"warps": (8, 1)}, {"warps": (4, 2)}, {"pdl": False},
+                 {"block_k": 64, "num_splits": 66}, {"block_k": 128}]
+    if T >= 32:
+        variants += [{"block_t": 32}, {"block_t": 32, "warps": (8, 1)}]
     for ov in variants:
         if left() < 60:
             break

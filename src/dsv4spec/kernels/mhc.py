@@ -31,7 +31,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels.hc_head import _num_sms, _round_to, _supports_pdl
+from dsv4spec.kernels.hc_head import (
+    _interpreter_multiplies_bf16,
+    _num_sms,
+    _round_to,
+    _supports_pdl,
+)
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 
@@ -39,18 +44,24 @@ HC = 4
 NMIX = (2 + HC) * HC  # 24 rows of fn: pre 0-3, post 4-7, comb 8-23
 SLOT_DIAG = NMIX  # ws slots 24-27: diagonal of G; 28-33: (01, 02, 03, 12, 13, 23)
 PDL_MAX_TOKENS = 32
-DOT_MIN_TOKENS = 64  # from here the partials run as tensor-core dots (fp32 via tf32x3)
 
 
 @triton.jit
-def _dots(fn_rows, col0, offs_h, mask_h, mask_r, xi, DOT: tl.constexpr):
-    # [BLOCK_T, 32]: stream i's share of the 24 dot products over this chunk of h
-    f = tl.load(fn_rows[:, None] + col0 + offs_h[None, :], mask=mask_r[:, None] & mask_h[None, :],
-                other=0.0)
-    if DOT:
-        return tl.dot(xi, tl.trans(f), input_precision="tf32x3")
+def _dots(fn_rows, col0, offs_h, mask_h, mask_r, xi, BF16: tl.constexpr):
+    # [BLOCK_T, 32]: stream i's share of the 24 dot products over this chunk of h, on tensor
+    # cores. bf16 x: fn (fp32) as three bf16 parts (hi + mid + lo carry its 24 bits), exact
+    # products, fp32 sums, each chunk from zero and the chunks added in fp32 registers (the
+    # tensor cores truncate along long chains). Other dtypes: fp32 operands as tf32x3.
+    f = tl.trans(tl.load(fn_rows[:, None] + col0 + offs_h[None, :],
+                         mask=mask_r[:, None] & mask_h[None, :], other=0.0))
+    if BF16:
+        hi = f.to(tl.bfloat16)
+        rest = f - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(xi, hi, tl.dot(xi, mid, tl.dot(xi, lo)))
     else:
-        return tl.sum(xi[:, None, :] * f[None, :, :], axis=2)
+        return tl.dot(xi, f, input_precision="tf32x3")
 
 
 @triton.jit
@@ -65,7 +76,7 @@ def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
 def _mhc_partials_kernel(
     x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
-    POST: tl.constexpr, GRAM: tl.constexpr, DOT: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
+    POST: tl.constexpr, GRAM: tl.constexpr, BF16: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # let the finalize start now: it loads its parameters, then waits for these
@@ -117,14 +128,18 @@ def _mhc_partials_kernel(
         mask_h = offs_h < H
         mask = mask_t[:, None] & mask_h[None, :]
         offs = rows[:, None] + offs_h[None, :]
-        x0 = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(x_ptr + offs + H, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_ptr + offs + 2 * H, mask=mask, other=0.0).to(tl.float32)
-        x3 = tl.load(x_ptr + offs + 3 * H, mask=mask, other=0.0).to(tl.float32)
+        x0 = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        x1 = tl.load(x_ptr + offs + H, mask=mask, other=0.0)
+        x2 = tl.load(x_ptr + offs + 2 * H, mask=mask, other=0.0)
+        x3 = tl.load(x_ptr + offs + 3 * H, mask=mask, other=0.0)
         if POST:
             dt = xnew_ptr.dtype.element_ty
             fv = tl.load(f_ptr + offs_t[:, None] * H + offs_h[None, :], mask=mask,
                          other=0.0).to(tl.float32)
+            x0 = x0.to(tl.float32)
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+            x3 = x3.to(tl.float32)
             n0 = _mix(p0, c00, c10, c20, c30, fv, x0, x1, x2, x3, dt)
             n1 = _mix(p1, c01, c11, c21, c31, fv, x0, x1, x2, x3, dt)
             n2 = _mix(p2, c02, c12, c22, c32, fv, x0, x1, x2, x3, dt)
@@ -133,14 +148,20 @@ def _mhc_partials_kernel(
             tl.store(xnew_ptr + offs + H, n1, mask=mask)
             tl.store(xnew_ptr + offs + 2 * H, n2, mask=mask)
             tl.store(xnew_ptr + offs + 3 * H, n3, mask=mask)
-            x0 = n0.to(tl.float32)
-            x1 = n1.to(tl.float32)
-            x2 = n2.to(tl.float32)
-            x3 = n3.to(tl.float32)
-        acc += _dots(fn_rows, 0, offs_h, mask_h, mask_r, x0, DOT)
-        acc += _dots(fn_rows, H, offs_h, mask_h, mask_r, x1, DOT)
-        acc += _dots(fn_rows, 2 * H, offs_h, mask_h, mask_r, x2, DOT)
-        acc += _dots(fn_rows, 3 * H, offs_h, mask_h, mask_r, x3, DOT)
+            x0, x1, x2, x3 = n0, n1, n2, n3
+        if not BF16:
+            x0 = x0.to(tl.float32)
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+            x3 = x3.to(tl.float32)
+        acc += _dots(fn_rows, 0, offs_h, mask_h, mask_r, x0, BF16)
+        acc += _dots(fn_rows, H, offs_h, mask_h, mask_r, x1, BF16)
+        acc += _dots(fn_rows, 2 * H, offs_h, mask_h, mask_r, x2, BF16)
+        acc += _dots(fn_rows, 3 * H, offs_h, mask_h, mask_r, x3, BF16)
+        x0 = x0.to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        x3 = x3.to(tl.float32)
         g00 += tl.sum(x0 * x0, axis=1)
         g11 += tl.sum(x1 * x1, axis=1)
         g22 += tl.sum(x2 * x2, axis=1)
@@ -171,6 +192,34 @@ def _mhc_partials_kernel(
 @triton.jit
 def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
     return tl.sum(tl.load(ws_ptr + SLOT * stride_wk + offs_s, mask=mask_s, other=0.0), axis=0)
+
+
+@triton.jit
+def _normalise(a, b, c, d, eps):
+    # one row or column divided by (its sum + eps); an approximate reciprocal (2 ulp) and four
+    # products instead of four IEEE divisions
+    inv = tl.fdiv(1.0, a + b + c + d + eps, ieee_rounding=False)
+    return a * inv, b * inv, c * inv, d * inv
+
+
+@triton.jit
+def _softmax_row(ws, SLOT: tl.constexpr, stride_wk, offs_s, mask_s, r, s2, base_ptr, eps):
+    l0 = _total(ws, SLOT, stride_wk, offs_s, mask_s) * r * s2 + tl.load(base_ptr + SLOT)
+    l1 = _total(ws, SLOT + 1, stride_wk, offs_s, mask_s) * r * s2 + tl.load(base_ptr + SLOT + 1)
+    l2 = _total(ws, SLOT + 2, stride_wk, offs_s, mask_s) * r * s2 + tl.load(base_ptr + SLOT + 2)
+    l3 = _total(ws, SLOT + 3, stride_wk, offs_s, mask_s) * r * s2 + tl.load(base_ptr + SLOT + 3)
+    m = tl.maximum(tl.maximum(l0, l1), tl.maximum(l2, l3))
+    e0, e1, e2, e3 = _normalise(tl.exp(l0 - m), tl.exp(l1 - m), tl.exp(l2 - m), tl.exp(l3 - m),
+                                0.0)
+    return e0 + eps, e1 + eps, e2 + eps, e3 + eps
+
+
+@triton.jit
+def _store4(ptr, a, b, c, d):
+    tl.store(ptr, a)
+    tl.store(ptr + 1, b)
+    tl.store(ptr + 2, c)
+    tl.store(ptr + 3, d)
 
 
 @triton.jit
@@ -237,26 +286,39 @@ def _mhc_finalize_kernel(
         y = _round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * H + offs_h, y, mask=mask_h)
     if hb == 0:
-        jj = tl.arange(0, 4)
-        pl = tl.sum(tl.load(ws + (4 + jj)[:, None] * stride_wk + offs_s[None, :],
-                            mask=mask_s[None, :], other=0.0), axis=1)
         s1 = tl.load(scale_ptr + 1)
-        post = post_mult * tl.sigmoid(pl * r * s1 + tl.load(base_ptr + 4 + jj))
-        tl.store(post_ptr + t * 4 + jj, post)
-        slot = 8 + jj[:, None] * 4 + jj[None, :]
-        cl = tl.sum(tl.load(ws + slot[:, :, None] * stride_wk + offs_s[None, None, :],
-                            mask=mask_s[None, None, :], other=0.0), axis=2)
+        for j in tl.static_range(4):
+            pl = _total(ws, 4 + j, stride_wk, offs_s, mask_s)
+            tl.store(post_ptr + t * 4 + j, post_mult * tl.sigmoid(pl * r * s1
+                                                                  + tl.load(base_ptr + 4 + j)))
         s2 = tl.load(scale_ptr + 2)
-        c = cl * r * s2 + tl.load(base_ptr + slot)
-        # softmax over each row, + eps; the columns normalised; then iters - 1 row and column
-        # passes (the same order as the torch path and SGLang's kernels)
-        c = tl.exp(c - tl.max(c, axis=1)[:, None])
-        c = c / tl.sum(c, axis=1)[:, None] + hc_eps
-        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        # 16 scalars per thread, no cross-thread traffic: 4 x 4 tensors cost a shuffle or a
+        # barrier per reduction, 80 of them in 20 passes
+        c00, c01, c02, c03 = _softmax_row(ws, 8, stride_wk, offs_s, mask_s, r, s2, base_ptr, hc_eps)
+        c10, c11, c12, c13 = _softmax_row(ws, 12, stride_wk, offs_s, mask_s, r, s2, base_ptr,
+                                          hc_eps)
+        c20, c21, c22, c23 = _softmax_row(ws, 16, stride_wk, offs_s, mask_s, r, s2, base_ptr,
+                                          hc_eps)
+        c30, c31, c32, c33 = _softmax_row(ws, 20, stride_wk, offs_s, mask_s, r, s2, base_ptr,
+                                          hc_eps)
+        c00, c10, c20, c30 = _normalise(c00, c10, c20, c30, hc_eps)
+        c01, c11, c21, c31 = _normalise(c01, c11, c21, c31, hc_eps)
+        c02, c12, c22, c32 = _normalise(c02, c12, c22, c32, hc_eps)
+        c03, c13, c23, c33 = _normalise(c03, c13, c23, c33, hc_eps)
         for _ in range(SINKHORN_ITERS - 1):
-            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        tl.store(comb_ptr + t * 16 + slot - 8, c)
+            c00, c01, c02, c03 = _normalise(c00, c01, c02, c03, hc_eps)
+            c10, c11, c12, c13 = _normalise(c10, c11, c12, c13, hc_eps)
+            c20, c21, c22, c23 = _normalise(c20, c21, c22, c23, hc_eps)
+            c30, c31, c32, c33 = _normalise(c30, c31, c32, c33, hc_eps)
+            c00, c10, c20, c30 = _normalise(c00, c10, c20, c30, hc_eps)
+            c01, c11, c21, c31 = _normalise(c01, c11, c21, c31, hc_eps)
+            c02, c12, c22, c32 = _normalise(c02, c12, c22, c32, hc_eps)
+            c03, c13, c23, c33 = _normalise(c03, c13, c23, c33, hc_eps)
+        cp = comb_ptr + t * 16
+        _store4(cp, c00, c01, c02, c03)
+        _store4(cp + 4, c10, c11, c12, c13)
+        _store4(cp + 8, c20, c21, c22, c23)
+        _store4(cp + 12, c30, c31, c32, c33)
 
 
 @triton.jit
@@ -288,23 +350,21 @@ class _Config(NamedTuple):
     chunks_per_split: int
     num_splits: int
     block_h: int
-    dot: bool
     partials_warps: int
     finalize_warps: int
     pdl: bool
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
-            block_h=None, dot=None, warps=None, pdl=None, device_index=-1) -> _Config:
+            block_h=None, warps=None, pdl=None, device_index=-1) -> _Config:
     # Small T: fn (2.75 MB at H = 7168) dominates, so cut h into small chunks and spread them
-    # over ~2 programs per SM; the 3-D product [BLOCK_T, 32, BLOCK_K] stays <= 8K elements.
-    # From DOT_MIN_TOKENS on, tensor-core dots over 32-token tiles, fn from L2 once per tile.
-    if dot is None:
-        dot = T >= DOT_MIN_TOKENS
+    # over ~2 programs per SM (one HBM round trip). Large T: 32-token tiles, fn from L2 once per
+    # tile. The finalize runs one warp: its ~30 reductions over the splits stay in-warp
+    # shuffles (4 warps put a barrier behind each; 3-4x slower on the H200).
     if block_t is None:
-        block_t = (32 if T >= 256 else 16) if dot else min(triton.next_power_of_2(T), 8)
+        block_t = 32 if T >= 256 else 16
     if block_k is None:
-        block_k = 64 if dot else max(16, min(64, 8192 // (32 * block_t)))
+        block_k = 32 if T <= 32 else 64
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
         target = 2 * num_sms if T <= 32 else 4 * num_sms
@@ -314,13 +374,19 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     if block_h is None:
         block_h = 1024 if T <= 128 else 512
     if warps is None:
-        warps = (4, 4 if block_h >= 1024 else 2)
+        warps = (4, 1)
     if pdl is None:
         pdl = T <= PDL_MAX_TOKENS and _supports_pdl(device_index)
     elif pdl and not _supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
-    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, dot, warps[0],
-                   warps[1], pdl)
+    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
+                   pdl)
+
+
+def _bf16_dots(dtype: torch.dtype, device_index: int) -> bool:
+    # bf16 streams enter the tensor cores as they are; not in an interpreter whose bf16 dots are
+    # wrong (Triton 3.6's, unless patched as the tests do): there tf32x3 on fp32 copies
+    return dtype is torch.bfloat16 and (device_index >= 0 or _interpreter_multiplies_bf16())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -365,7 +431,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     grid1 = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
     _PARTIALS.launch(
         key, grid1, (*p1, T, H, cfg.num_splits, fn.stride(0), ws.stride(0), ws.stride(1)),
-        {"POST": boundary is not None, "GRAM": rmsnorm, "DOT": cfg.dot,
+        {"POST": boundary is not None, "GRAM": rmsnorm, "BF16": _bf16_dots(x.dtype, device_index),
          "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
          "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
         cfg.partials_warps,
@@ -400,7 +466,7 @@ def mhc_pre_triton(
     """hc_pre of contiguous ``residual [T, 4, H]`` (T > 0) in 2 launches: ``(post [T, 4] fp32,
     comb [T, 4, 4] fp32, layer_input [T, H])``, allocated or given as ``out`` (contiguous).
     Inputs are assumed checked by ``dsv4spec.ops.mhc``; ``overrides`` (``block_t``, ``block_k``,
-    ``num_splits``, ``block_h``, ``dot``, ``warps``, ``pdl``) change the tiling.
+    ``num_splits``, ``block_h``, ``warps``, ``pdl``) change the tiling.
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`); the partials workspace is reused per stream
     and shape, except while a CUDA graph is captured."""
