@@ -5,13 +5,15 @@ from types import ModuleType
 import pytest
 
 from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
+from dsv4spec.integrations.sglang import mhc as mhc_hooks
 from dsv4spec.integrations.sglang import plugin, register
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
 
 from . import standins
 
-SWITCHES = tuple(hook.switch for hook in plugin.HOOKS)
-ROLLBACK, DRAFT, TARGET = (hook.target for hook in plugin.HOOKS)
+SWITCHES = tuple(dict.fromkeys(hook.switch for hook in plugin.HOOKS))
+ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE = (hook.target for hook in plugin.HOOKS)
+MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
 
 
 @dataclass
@@ -24,6 +26,7 @@ class FakeSGLang:
     nextn: ModuleType
     target: ModuleType
     originals: dict  # hook target -> SGLang's method with a call counter, taken before hooking
+    mhc: ModuleType | None = None  # sglang.kernels.ops.layernorm.mhc (SGLang's own file)
 
     def install(self) -> list[str]:
         """What SGLang's ``load_plugins()`` does with the plugin: register, then apply."""
@@ -46,6 +49,8 @@ def sgl(monkeypatch):
     monkeypatch.setattr(hc_head_hooks, "_warned", set())
     monkeypatch.setattr(hc_head_hooks, "_ready", {})
     monkeypatch.setattr(hc_head_hooks, "_deterministic", None)
+    monkeypatch.setattr(mhc_hooks, "_warned", set())
+    monkeypatch.setattr(mhc_hooks, "_compiled", set())
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
     try:
         standins.install_packages()
@@ -55,12 +60,17 @@ def sgl(monkeypatch):
         pool = standins.add_module(standins.POOL_MOD, standins.pool_module())
         nextn = standins.add_module(standins.NEXTN_MOD, standins.nextn_module())
         target = standins.add_module(standins.TARGET_MOD, standins.target_module())
+        mhc = standins.mhc_module()
         originals = {
             ROLLBACK: pool.DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states,
             DRAFT: nextn.DeepseekV4ModelNextN.hc_head,
             TARGET: target.DeepseekV4Model.hc_head,
+            MHC_PRE: mhc.mhc_pre,
+            MHC_POST: mhc.mhc_post,
+            MHC_POST_PRE: mhc.mhc_fused_post_pre,
         }
-        yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals)
+        yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
+                         mhc)
         registry.HookRegistry.reset()
     finally:
         for name in [name for name in sys.modules if _is_sglang(name)]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import sys
 import textwrap
 import types
@@ -181,3 +182,215 @@ def target_module() -> types.ModuleType:
     DeepseekV4Model.__module__ = TARGET_MOD
     module.DeepseekV4Model = DeepseekV4Model
     return module
+
+
+# --- mHC: SGLang's kernels file and the DeepSeek-V4 code that calls it ---------------------------
+
+MHC_FILE = "kernels/ops/layernorm/mhc.py"
+MHC_CFG_FILE = "srt/models/deepseek_v4_mhc.py"
+FUSED_MHC_FILE = "srt/models/deepseek_common/amd/deepseek_v4_fused_mhc.py"
+MHC_MOD = "sglang.kernels.ops.layernorm.mhc"
+MHC_CFG_MOD = "sglang.srt.models.deepseek_v4_mhc"
+FUSED_MHC_MOD = "sglang.srt.models.deepseek_common.amd.deepseek_v4_fused_mhc"
+# SGLang's TileLang mHC kernels take only these hc_mult * H (DSV4-Flash and DSV4-Pro).
+TILELANG_HC_HIDDEN = (16384, 28672)
+
+
+def tilelang_runs(residual: torch.Tensor) -> bool:
+    """Whether SGLang's TileLang mHC kernels can run on ``residual`` here."""
+    import importlib.util
+
+    return (residual.is_cuda and importlib.util.find_spec("tilelang") is not None
+            and residual.shape[-2] * residual.shape[-1] in TILELANG_HC_HIDDEN)
+
+
+def _torch_mhc_pre(module: types.ModuleType):
+    """SGLang's ``mhc_pre`` contract on SGLang's own torch path (``_mhc_pre_torch``), with the
+    fused RMSNorm as SGLang's kernel applies it (weight rounded to bf16, fp32 math)."""
+
+    def mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
+                hc_post_mult_value, sinkhorn_repeat, n_splits=1, n_splits_pre=32, *,
+                norm_weight=None, norm_eps=None):
+        assert residual.dtype == torch.bfloat16 and fn.dtype == torch.float32  # SGLang's asserts
+        hc, H = residual.shape[-2:]
+        outer = residual.shape[:-2]
+        post, comb, y = module._mhc_pre_torch(
+            residual.view(-1, hc, H), fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
+            hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)
+        if norm_weight is not None:
+            assert norm_eps is not None and norm_weight.shape == (H,)
+            yf = y.float()
+            yf = yf * torch.rsqrt(yf.square().mean(-1, keepdim=True) + norm_eps)
+            y = (yf * norm_weight.bfloat16().float()).bfloat16()
+        return post.view(*outer, hc, 1), comb.view(*outer, hc, hc), y.view(*outer, H)
+
+    return mhc_pre
+
+
+def _torch_mhc_post(module: types.ModuleType):
+    """SGLang's ``mhc_post`` contract on SGLang's own torch path (``_mhc_post_torch``)."""
+
+    def mhc_post(x, residual, post_layer_mix, comb_res_mix):
+        post = post_layer_mix.reshape(*residual.shape[:-1], 1)  # SGLang takes [T,hc,1] or [T,hc]
+        return module._mhc_post_torch(x, residual, post, comb_res_mix)
+
+    return mhc_post
+
+
+def _torch_mhc_fused_post_pre(module: types.ModuleType):
+    """SGLang's ``mhc_fused_post_pre`` contract: its torch post, then its torch pre on the
+    rounded new residual (what its kernels compute), and its empty-batch early return."""
+    post_fn, pre_fn = _torch_mhc_post(module), _torch_mhc_pre(module)
+
+    def mhc_fused_post_pre(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base,
+                           rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                           sinkhorn_repeat, n_splits=1, tile_n=1, *, norm_weight=None,
+                           norm_eps=None):
+        hc, H = residual.shape[-2:]
+        outer = residual.shape[:-2]
+        if residual.numel() == 0:
+            f32 = torch.float32
+            return (torch.empty_like(residual),
+                    residual.new_empty((*outer, hc, 1), dtype=f32),
+                    residual.new_empty((*outer, hc, hc), dtype=f32),
+                    residual.new_empty((*outer, H), dtype=torch.bfloat16))
+        T = residual.numel() // (hc * H)  # SGLang's kernels take the leading dims flattened
+        new = post_fn(x.reshape(T, H), residual.reshape(T, hc, H),
+                      post_layer_mix.reshape(T, hc, 1), comb_res_mix.reshape(T, hc, hc))
+        new = new.view(residual.shape)
+        return (new, *pre_fn(new, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
+                             hc_post_mult_value, sinkhorn_repeat, norm_weight=norm_weight,
+                             norm_eps=norm_eps))
+
+    return mhc_fused_post_pre
+
+
+def _sglang_or_torch(real, torch_path):
+    """``real`` (SGLang's function, whose signature it keeps) where TileLang can run it, else
+    ``torch_path`` with the same arguments; counted."""
+    signature = inspect.signature(real)
+
+    @functools.wraps(real)
+    def dispatch(*args, **kwargs):
+        residual = signature.bind(*args, **kwargs).arguments["residual"]
+        return (real if tilelang_runs(residual) else torch_path)(*args, **kwargs)
+
+    return counted(dispatch)
+
+
+def mhc_module() -> types.ModuleType:
+    """SGLang's own ``kernels/ops/layernorm/mhc.py`` at its dotted path, executed by path over
+    the benchmark's stand-ins for the ``sglang.srt`` helpers it imports
+    (:func:`dsv4spec.bench.sglang_mhc.install_stubs`).
+
+    Its ``mhc_pre``, ``mhc_post`` and ``mhc_fused_post_pre`` (the hooked targets) are replaced by
+    counted functions with SGLang's signatures that run SGLang's own function where its TileLang
+    kernels can run (CUDA with TileLang installed, hc_mult * H in 16384 or 28672) and otherwise
+    SGLang's own torch path from the same file (``_mhc_pre_torch``, ``_mhc_post_torch``, the two in
+    sequence for the fused boundary, the RMSNorm as its kernel applies it). Everything else in the
+    module (``_mhc_pre_dispatch``, ``hc_pre``, ``prewarm_mhc_pre``, ...) is SGLang's own code.
+    """
+    from dsv4spec.bench.sglang_mhc import MHC_FILE as bench_file
+    from dsv4spec.bench.sglang_mhc import install_stubs
+
+    assert bench_file == MHC_FILE
+    install_stubs()
+    module = add_module(MHC_MOD, load_sglang_module(MHC_FILE, name=MHC_MOD))
+    for name, make in (("mhc_pre", _torch_mhc_pre), ("mhc_post", _torch_mhc_post),
+                       ("mhc_fused_post_pre", _torch_mhc_fused_post_pre)):
+        setattr(module, name, _sglang_or_torch(getattr(module, name), make(module)))
+    return module
+
+
+def upstream_class(relpath: str, name: str, module: types.ModuleType) -> type:
+    """SGLang's own source of class ``name``, executed with ``module``'s dict as its globals."""
+    node = class_node(relpath, name)
+    source = textwrap.dedent(ast.get_source_segment(parse(relpath)[1], node))
+    namespace: dict = {}
+    exec(compile(source, str(sglang_file(relpath)), "exec"), module.__dict__, namespace)
+    cls = namespace[name]
+    cls.__module__ = module.__name__
+    return cls
+
+
+def add_get_mhc_ops(target: types.ModuleType) -> None:
+    """Give the ``deepseek_v4`` stand-in SGLang's own ``MhcOps`` and ``get_mhc_ops`` (its source,
+    ``functools.cache``'d as SGLang declares it; CUDA: not XPU)."""
+    from typing import Any, Callable, NamedTuple, Optional
+
+    node = function_node(TARGET_FILE, "get_mhc_ops")
+    assert [ast.unparse(d) for d in node.decorator_list] == ["functools.cache"]
+    target.functools, target._is_xpu = functools, False
+    target.NamedTuple, target.Callable, target.Any, target.Optional = (
+        NamedTuple, Callable, Any, Optional)
+    target.MhcOps = upstream_class(TARGET_FILE, "MhcOps", target)
+    target.get_mhc_ops = functools.cache(
+        upstream_function(TARGET_FILE, "get_mhc_ops", None, target))
+
+
+def _envs():
+    return sys.modules["sglang.srt.environ"].envs  # SGLang's own environ.py (install_stubs)
+
+
+def fused_mhc_module() -> types.ModuleType:
+    """``deepseek_v4_fused_mhc`` with SGLang's own ``apply_mhc_post_pre_boundary`` and
+    ``_is_fused_mhc_post_pre_enabled``; its aiter/Triton attempt (``try_mhc_fused_post_pre_
+    boundary``) answers None, as it does on CUDA (it fires only on gfx95 / gfx1250)."""
+    module = types.ModuleType(FUSED_MHC_MOD)
+    module.torch, module.envs = torch, _envs()
+    module._is_gfx95_supported = module._is_gfx1250_supported = False
+    module.get_platform = sys.modules["sglang.srt.runtime_context"].get_platform
+    module.try_mhc_fused_post_pre_boundary = lambda *args, **kwargs: None
+    for name in ("_is_fused_mhc_post_pre_enabled", "apply_mhc_post_pre_boundary"):
+        setattr(module, name, upstream_function(FUSED_MHC_FILE, name, None, module))
+    for package in ("sglang.srt.models.deepseek_common",
+                    "sglang.srt.models.deepseek_common.amd"):
+        if package not in sys.modules:
+            parent = types.ModuleType(package)
+            parent.__path__ = []
+            add_module(package, parent)
+    return add_module(FUSED_MHC_MOD, module)
+
+
+def mhc_cfg_module() -> types.ModuleType:
+    """``deepseek_v4_mhc`` with SGLang's own ``post`` (the hc_post dispatch) on CUDA sm_90
+    defaults: not NPU, XPU or ROCm, FlashInfer off, TileLang post on."""
+    module = types.ModuleType(MHC_CFG_MOD)
+    module.torch, module.envs = torch, _envs()
+    module._is_npu = module._is_xpu = module._is_hip = False
+    module.get_platform = sys.modules["sglang.srt.runtime_context"].get_platform
+    module.compile_in_capture_mode = lambda fn: fn
+    module.MHC_POST_MULT_VALUE = 2.0
+
+    def mhc_post_split_h(*args, **kwargs):
+        raise AssertionError("SGLang's split-H post is for hc_pre_from_prev models only")
+
+    module.mhc_post_split_h = mhc_post_split_h
+    module.post = upstream_function(MHC_CFG_FILE, "post", None, module)
+    return add_module(MHC_CFG_MOD, module)
+
+
+def decoder_layer_class(target: types.ModuleType) -> type:
+    """``DeepseekV4DecoderLayerBase`` (DSV4's decoder layers) with SGLang's own ``hc_pre`` and
+    ``hc_post`` (CUDA defaults: TileLang pre on, FlashInfer off), in the ``deepseek_v4``
+    stand-in ``target``."""
+    target.envs, target._is_npu, target._is_hip = _envs(), False, False
+    target.compile_in_capture_mode = lambda fn: fn
+    target.MHC_POST_MULT_VALUE = 2.0
+    target.mhc = sys.modules[MHC_CFG_MOD]
+    hc_pre = upstream_function(TARGET_FILE, "hc_pre", "DeepseekV4DecoderLayerBase", target)
+    hc_post = upstream_function(TARGET_FILE, "hc_post", "DeepseekV4DecoderLayerBase", target)
+
+    class DeepseekV4DecoderLayerBase:
+        def __init__(self, hidden_size: int, rms_norm_eps: float, hc_eps: float,
+                     hc_sinkhorn_iters: int) -> None:
+            self.hc_mult = 4
+            self.rms_norm_eps, self.hc_eps = rms_norm_eps, hc_eps
+            self.hc_sinkhorn_iters = hc_sinkhorn_iters
+            self.hc_cfg = types.SimpleNamespace(mult=4, hidden=hidden_size, pre_from_prev=False)
+
+    DeepseekV4DecoderLayerBase.hc_pre = hc_pre
+    DeepseekV4DecoderLayerBase.hc_post = hc_post
+    DeepseekV4DecoderLayerBase.__module__ = TARGET_MOD
+    target.DeepseekV4DecoderLayerBase = DeepseekV4DecoderLayerBase
+    return DeepseekV4DecoderLayerBase

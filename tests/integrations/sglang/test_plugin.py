@@ -10,20 +10,24 @@ import pytest
 from dsv4spec.integrations.sglang import plugin, source
 
 from . import standins
-from .conftest import DRAFT, ROLLBACK, TARGET
+from .conftest import DRAFT, MHC_POST, MHC_POST_PRE, MHC_PRE, ROLLBACK, TARGET
 
-TARGETS = (ROLLBACK, DRAFT, TARGET)
+TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE)
 LOGGER = "dsv4spec.integrations.sglang"
-OWNERS = {  # hook target -> (module, class, method)
+OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
     DRAFT: (standins.NEXTN_MOD, "DeepseekV4ModelNextN", "hc_head"),
     TARGET: (standins.TARGET_MOD, "DeepseekV4Model", "hc_head"),
+    MHC_PRE: (standins.MHC_MOD, None, "mhc_pre"),
+    MHC_POST: (standins.MHC_MOD, None, "mhc_post"),
+    MHC_POST_PRE: (standins.MHC_MOD, None, "mhc_fused_post_pre"),
 }
 
 
 def current(target):
-    module, cls, method = OWNERS[target]
-    return getattr(getattr(sys.modules[module], cls), method)
+    module, cls, name = OWNERS[target]
+    owner = sys.modules[module] if cls is None else getattr(sys.modules[module], cls)
+    return getattr(owner, name)
 
 
 def registered(sgl):
@@ -31,7 +35,7 @@ def registered(sgl):
             for target, hooks in sgl.registry._hooks.items() if hooks}
 
 
-def test_register_installs_exactly_three_around_hooks(sgl):
+def test_register_installs_exactly_six_around_hooks(sgl):
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}
@@ -41,14 +45,15 @@ def test_register_installs_exactly_three_around_hooks(sgl):
         assert hooked.__wrapped__ is sgl.originals[target]
 
 
-@pytest.mark.parametrize("switch_off", [hook.switch for hook in plugin.HOOKS])
-def test_each_switch_turns_off_only_its_own_hook(sgl, monkeypatch, switch_off):
+@pytest.mark.parametrize("switch_off", list(dict.fromkeys(hook.switch for hook in plugin.HOOKS)))
+def test_each_switch_turns_off_only_its_own_hooks(sgl, monkeypatch, switch_off):
     monkeypatch.setenv(switch_off, "0")
-    off = next(hook.target for hook in plugin.HOOKS if hook.switch == switch_off)
+    off = [hook.target for hook in plugin.HOOKS if hook.switch == switch_off]
     installed = sgl.install()
-    assert installed == [t for t in TARGETS if t != off]
+    assert installed == [t for t in TARGETS if t not in off]
     assert set(registered(sgl)) == set(installed)
-    assert current(off) is sgl.originals[off]
+    for target in off:
+        assert current(target) is sgl.originals[target]
     for target in installed:
         assert current(target).__wrapped__ is sgl.originals[target]
 
@@ -151,7 +156,7 @@ def test_importing_dsv4spec_does_not_import_sglang():
     code = (
         "import sys\n"
         "import dsv4spec, dsv4spec.ops, dsv4spec.integrations.sglang\n"
-        "from dsv4spec.integrations.sglang import hc_head, rollback, source\n"
+        "from dsv4spec.integrations.sglang import hc_head, mhc, rollback, source\n"
         "root, version = source.sglang_root(), source.sglang_version()\n"
         "leaked = sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.'))\n"
         "assert not leaked, leaked\n"

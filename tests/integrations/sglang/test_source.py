@@ -23,6 +23,7 @@ FILES = {  # module of a hook target -> file inside the sglang package
     standins.POOL_MOD: standins.POOL_FILE,
     standins.NEXTN_MOD: standins.NEXTN_FILE,
     standins.TARGET_MOD: standins.TARGET_FILE,
+    standins.MHC_MOD: standins.MHC_FILE,
 }
 
 
@@ -46,10 +47,11 @@ def test_tested_version_is_installed():
 
 @pytest.mark.parametrize("hook", plugin.HOOKS, ids=lambda h: h.name)
 def test_hook_targets_exist_with_the_parameters_the_hooks_take(hook):
-    cls, method = hook.attr.split(".")
-    fn = function_node(FILES[hook.module], method, cls)
-    assert tuple(a.arg for a in fn.args.args) == hook.params
-    assert not fn.args.vararg and not fn.args.kwarg and not fn.args.kwonlyargs
+    cls, _, name = hook.attr.rpartition(".")  # a method, or a module-level function
+    fn = function_node(FILES[hook.module], name, cls or None)
+    assert tuple(a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs) == (
+        hook.params)
+    assert not fn.args.vararg and not fn.args.kwarg
 
 
 def test_rollback_original_reads_what_the_hook_reads():

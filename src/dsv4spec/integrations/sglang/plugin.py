@@ -40,7 +40,28 @@ def _target_hc_head_hook(module: ModuleType) -> Callable:
     return make_target_hook(module)
 
 
+def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
+    """The maker of the hook on ``sglang.kernels.ops.layernorm.mhc.<name>``."""
+
+    def make(module: ModuleType) -> Callable:
+        from dsv4spec.integrations.sglang import mhc
+
+        return getattr(mhc, f"make_{name}_hook")(module)
+
+    return make
+
+
 _HC_HEAD_PARAMS = ("self", "x", "hc_fn", "hc_scale", "hc_base")
+# SGLang 0.5.23's mHC entry points (one switch for the three; see integrations/sglang/mhc.py).
+_MHC_MODULE = "sglang.kernels.ops.layernorm.mhc"
+_MHC_PRE_PARAMS = ("residual", "fn", "hc_scale", "hc_base", "rms_eps", "hc_pre_eps",
+                   "hc_sinkhorn_eps", "hc_post_mult_value", "sinkhorn_repeat", "n_splits",
+                   "n_splits_pre", "norm_weight", "norm_eps")
+_MHC_POST_PARAMS = ("x", "residual", "post_layer_mix", "comb_res_mix")
+_MHC_FUSED_POST_PRE_PARAMS = ("x", "residual", "post_layer_mix", "comb_res_mix", "fn",
+                              "hc_scale", "hc_base", "rms_eps", "hc_pre_eps", "hc_sinkhorn_eps",
+                              "hc_post_mult_value", "sinkhorn_repeat", "n_splits", "tile_n",
+                              "norm_weight", "norm_eps")
 HOOKS = (
     Hook("C128 rollback", "DSV4SPEC_SGLANG_ROLLBACK",
          "sglang.srt.mem_cache.deepseek_v4_memory_pool",
@@ -51,6 +72,12 @@ HOOKS = (
          "DeepseekV4ModelNextN.hc_head", _HC_HEAD_PARAMS, _draft_hc_head_hook),
     Hook("target hc_head", "DSV4SPEC_SGLANG_TARGET_HC_HEAD", "sglang.srt.models.deepseek_v4",
          "DeepseekV4Model.hc_head", _HC_HEAD_PARAMS, _target_hc_head_hook),
+    Hook("mHC mhc_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_pre", _MHC_PRE_PARAMS,
+         _mhc_hook("mhc_pre")),
+    Hook("mHC mhc_post", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_post", _MHC_POST_PARAMS,
+         _mhc_hook("mhc_post")),
+    Hook("mHC mhc_fused_post_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_fused_post_pre",
+         _MHC_FUSED_POST_PRE_PARAMS, _mhc_hook("mhc_fused_post_pre")),
 )
 
 _announced = False

@@ -1,0 +1,318 @@
+"""AROUND hooks on SGLang's mHC entry points in ``sglang.kernels.ops.layernorm.mhc``.
+
+SGLang 0.5.23's DeepSeek-V4 reaches the three functions as follows (CUDA, defaults; see
+:data:`dsv4spec.bench.sglang_mhc.CALL_SITES`):
+
+- ``mhc_fused_post_pre`` (every layer boundary): through ``get_mhc_ops().mhc_fused_post_pre``,
+  where ``get_mhc_ops`` (``sglang.srt.models.deepseek_v4``) is ``functools.cache``'d and runs
+  ``from sglang.kernels.ops.layernorm.mhc import mhc_fused_post_pre`` at its first call, i.e. at
+  the first forward, after ``load_plugins()`` has applied the hooks: it reads the hooked module
+  attribute and caches that;
+- ``mhc_pre`` (the first layer's hc_pre) and ``mhc_post`` (the last layer's and the MTP layer's
+  hc_post): ``from sglang.kernels.ops.layernorm.mhc import ...`` inside the calling function, at
+  every call, so they read the hooked module attribute too. SGLang's own wrappers in that file
+  (``_mhc_pre_dispatch``, ``_mhc_post_dispatch``, ``prewarm_mhc_pre``) look the names up in the
+  module's globals at call time, which the registry's ``setattr`` on the module replaces.
+
+Each hook computes SGLang's result (same shapes, dtypes and views: ``post_mix [T, hc, 1]``,
+``comb_mix [T, hc, hc]`` float32, bf16 activations) with dsv4spec's ops where the measured tables
+below say ours is faster, and steps aside (SGLang's function runs with the same arguments)
+everywhere else: ROCm, GPU architectures or widths absent from the tables, ``torch.compile``,
+SGLang's deterministic inference or batch-invariant mode (our split-K tiling depends on the token
+count), inputs our ops do not cover (hc_mult other than 4, dtypes other than SGLang's, empty or
+non-contiguous inputs, extra leading dimensions, ``hc_pre_eps != hc_sinkhorn_eps``), and a first
+sight of a shape inside a CUDA-graph capture (nothing compiles there).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from dsv4spec.capture import stream_capturing
+from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations.sglang.hc_head import INTERPRETER_ARCHITECTURE, sglang_deterministic
+from dsv4spec.kernels import on_rocm, triton_runs_on
+from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
+
+logger = logging.getLogger("dsv4spec.integrations.sglang")
+
+HC = 4
+
+Spans = tuple[tuple[int, int], ...]
+Table = dict[tuple[int, int], dict[str, dict[int, Spans]]]
+
+# Where dsv4spec's op beat SGLang's function, per GPU architecture (compute capability), mode
+# ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager call)
+# and hidden size H: inclusive token ranges whose measured points all won, as in
+# hc_head.TARGET_HC_HEAD_FASTER. Source to fill them from: benchmarks/results/mhc.md (SGLang
+# 0.5.23's TileLang kernels side by side with ours). Empty until then: every call steps aside.
+SGLANG_MHC_PRE_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
+SGLANG_MHC_POST_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
+SGLANG_MHC_FUSED_POST_PRE_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
+TABLES: dict[str, Table] = {
+    "mhc_pre": SGLANG_MHC_PRE_FASTER,
+    "mhc_post": SGLANG_MHC_POST_FASTER,
+    "mhc_fused_post_pre": SGLANG_MHC_FUSED_POST_PRE_FASTER,
+}
+# Token counts beyond which a table is not consulted (the call steps aside whatever it says).
+# Above 32 tokens a real deployment's mhc_fused_post_pre runs DeepGEMM's tf32 pre-norm GEMM
+# (and its mhc_pre runs it at every T where DeepGEMM is installed), which the benchmark, without
+# DeepGEMM, measured as SGLang's TileLang GEMM instead; raise a cap only with measurements
+# against DeepGEMM. mhc_post never uses DeepGEMM: its table alone bounds it.
+MEASURED_MAX_TOKENS: dict[str, int | None] = {
+    "mhc_pre": 32,
+    "mhc_post": None,
+    "mhc_fused_post_pre": 32,
+}
+
+_warned: set[str] = set()
+_architectures: dict[int, tuple[int, int] | None] = {}
+# Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
+_compiled: set[tuple] = set()
+
+
+def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
+                     architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE) -> bool:
+    """Whether SGLang's ``op`` should run dsv4spec's op rather than its own.
+
+    Parameters
+    ----------
+    op : {"mhc_pre", "mhc_post", "mhc_fused_post_pre"}
+    num_tokens : int
+        ``T``, rows of ``residual [T, 4, hidden_size]``.
+    hidden_size : int
+        ``H``.
+    in_graph : bool
+        Whether the call is captured into a CUDA graph (device time counts) or runs eagerly.
+    architecture : (int, int) or None
+        The GPU's compute capability; None (ROCm) never prefers ours.
+
+    Returns
+    -------
+    bool
+        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op`` and lies in
+        one of the measured winning ranges of ``op``'s table for that architecture, mode and
+        width.
+    """
+    cap = MEASURED_MAX_TOKENS[op]
+    if architecture is None or (cap is not None and num_tokens > cap):
+        return False
+    table = TABLES[op].get(architecture)
+    if table is None:
+        return False
+    for lo, hi in table["graph" if in_graph else "eager"].get(hidden_size, ()):
+        if lo <= num_tokens <= hi:
+            return True
+    return False
+
+
+def _architecture(index: int) -> tuple[int, int] | None:
+    """Device ``index``'s compute capability; the interpreter's stand-in on CPU; None on ROCm."""
+    if index < 0:
+        return INTERPRETER_ARCHITECTURE
+    if index not in _architectures:
+        _architectures[index] = (None if on_rocm()
+                                 else tuple(torch.cuda.get_device_capability(index)))
+    return _architectures[index]
+
+
+def _capturing(index: int) -> bool:
+    return index >= 0 and stream_capturing(index)
+
+
+def _run(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
+    """``launch()`` where the table prefers ours for this call, else STEP_ASIDE.
+
+    Eagerly, a shape the graph table gives to ours is launched once even where the eager table
+    keeps SGLang's (the result is dropped), so it is compiled before SGLang captures it.
+    """
+    if (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(residual.device)
+            or sglang_deterministic()):
+        return STEP_ASIDE
+    index = residual.get_device()
+    architecture = _architecture(index)
+    T, _, H = residual.shape
+    key = (op, index, *key)
+    if _capturing(index):
+        if key in _compiled and prefers_dsv4spec(op, T, H, True, architecture):
+            return launch()
+        return STEP_ASIDE
+    if prefers_dsv4spec(op, T, H, False, architecture):
+        result = launch()
+        _compiled.add(key)
+        return result
+    if key not in _compiled and prefers_dsv4spec(op, T, H, True, architecture):
+        launch()
+        _compiled.add(key)
+    return STEP_ASIDE
+
+
+def _rejected(op: str, error: Exception) -> Any:
+    if op not in _warned:
+        _warned.add(op)
+        logger.warning("dsv4spec: SGLang %s: dsv4spec's op rejected the inputs (%s); SGLang's "
+                       "own %s runs for such inputs", op, error, op)
+    return STEP_ASIDE
+
+
+def _streams_ok(residual: Any) -> bool:
+    """``residual`` is ``[T, 4, H]`` bf16 (SGLang's kernels take bf16 only), contiguous, T > 0."""
+    return (isinstance(residual, torch.Tensor) and residual.dim() == 3
+            and residual.shape[1] == HC and residual.shape[0] > 0 and residual.shape[2] > 0
+            and residual.dtype == torch.bfloat16 and residual.is_contiguous())
+
+
+def _post_ok(x: Any, residual: torch.Tensor, post_layer_mix: Any, comb_res_mix: Any) -> bool:
+    T, hc, H = residual.shape
+    return (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
+            and isinstance(comb_res_mix, torch.Tensor) and x.dtype == torch.bfloat16
+            and tuple(x.shape) == (T, H)
+            and tuple(post_layer_mix.shape) in ((T, hc, 1), (T, hc))
+            and post_layer_mix.is_contiguous() and tuple(comb_res_mix.shape) == (T, hc, hc))
+
+
+def _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat,
+                norm_weight, norm_eps, hidden_size) -> dict | None:
+    """dsv4spec's ``mhc_pre`` arguments for SGLang's, or None where they do not map exactly.
+
+    SGLang adds ``hc_pre_eps`` to the pre weights' sigmoid and uses ``hc_sinkhorn_eps`` in the
+    Sinkhorn (``softmax + eps``, then each normalisation's ``/ (sum + eps)``); dsv4spec's op has
+    one ``hc_eps`` for both, so the call maps only when the two are equal (DSV4 passes its
+    ``hc_eps`` twice): ``hc_eps = hc_pre_eps``. ``rms_eps`` is the factor r's epsilon in both,
+    ``hc_post_mult_value`` is ``post_mult`` and ``sinkhorn_repeat`` is ``sinkhorn_iters`` (one
+    softmax + column pass, then ``sinkhorn_repeat - 1`` row/column passes in both). SGLang rounds
+    ``norm_weight`` to bf16 before the fused RMSNorm; ours would use a float32 weight as is, so
+    only a bf16 weight maps (DSV4's RMSNorm weight is bf16). SGLang ignores ``norm_eps`` without
+    ``norm_weight``, and so does this mapping.
+    """
+    if hc_pre_eps != hc_sinkhorn_eps:
+        return None
+    kwargs = {"rms_eps": float(rms_eps), "hc_eps": float(hc_pre_eps),
+              "sinkhorn_iters": sinkhorn_repeat, "post_mult": float(hc_post_mult_value)}
+    if norm_weight is not None:
+        if (not isinstance(norm_weight, torch.Tensor) or norm_weight.dtype != torch.bfloat16
+                or tuple(norm_weight.shape) != (hidden_size,) or norm_eps is None):
+            return None
+        kwargs["norm_weight"] = norm_weight
+        kwargs["norm_eps"] = float(norm_eps)
+    return kwargs
+
+
+def fast_mhc_pre(
+    residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
+    sinkhorn_repeat: int, n_splits: int = 1, n_splits_pre: int = 32, *,
+    norm_weight: torch.Tensor | None = None, norm_eps: float | None = None,
+) -> Any:
+    """Fast path for SGLang's ``mhc_pre``: ``(post_mix [T, 4, 1] f32, comb_mix [T, 4, 4] f32,
+    layer_input [T, H] bf16)`` from dsv4spec's :func:`~dsv4spec.ops.mhc_pre`, or STEP_ASIDE.
+
+    ``n_splits`` and ``n_splits_pre`` only tile SGLang's GEMM; SGLang asserts ``n_splits == 1``
+    where DeepGEMM is absent, so any other value steps aside and meets SGLang's own checks.
+    """
+    if not _streams_ok(residual) or n_splits != 1:
+        return STEP_ASIDE
+    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    if kwargs is None:
+        return STEP_ASIDE
+
+    def launch():
+        post, comb, layer_input = mhc_pre(residual, fn, hc_scale, hc_base, impl="triton",
+                                          **kwargs)
+        return post.unsqueeze(-1), comb, layer_input
+
+    key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    try:
+        return _run("mhc_pre", residual, key, launch)
+    except (ValueError, TypeError) as e:  # raised by the op's input checks, before any launch
+        return _rejected("mhc_pre", e)
+
+
+def fast_mhc_post(
+    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor,
+) -> Any:
+    """Fast path for SGLang's ``mhc_post``: ``[T, 4, H]`` bf16 from dsv4spec's
+    :func:`~dsv4spec.ops.mhc_post` (``post_layer_mix`` ``[T, 4, 1]`` or ``[T, 4]``, as SGLang
+    takes it), or STEP_ASIDE."""
+    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+        return STEP_ASIDE
+    T = residual.shape[0]
+    post = post_layer_mix.view(T, HC)
+
+    def launch():
+        return mhc_post(x, residual, post, comb_res_mix, impl="triton")
+
+    try:
+        return _run("mhc_post", residual, tuple(residual.shape), launch)
+    except (ValueError, TypeError) as e:
+        return _rejected("mhc_post", e)
+
+
+def fast_mhc_fused_post_pre(
+    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
+    sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1, *,
+    norm_weight: torch.Tensor | None = None, norm_eps: float | None = None,
+) -> Any:
+    """Fast path for SGLang's ``mhc_fused_post_pre``: ``(residual_cur [T, 4, H] bf16,
+    post_mix_cur [T, 4, 1] f32, comb_mix_cur [T, 4, 4] f32, layer_input_cur [T, H] bf16)`` from
+    dsv4spec's :func:`~dsv4spec.ops.mhc_post_pre`, or STEP_ASIDE.
+
+    ``n_splits`` and ``tile_n`` only tile SGLang's kernels (it overrides both from the token
+    count); they do not change the result and are ignored.
+    """
+    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+        return STEP_ASIDE
+    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    if kwargs is None:
+        return STEP_ASIDE
+    T = residual.shape[0]
+    post_in = post_layer_mix.view(T, HC)
+
+    def launch():
+        new, post, comb, layer_input = mhc_post_pre(x, residual, post_in, comb_res_mix, fn,
+                                                    hc_scale, hc_base, impl="triton", **kwargs)
+        return new, post.unsqueeze(-1), comb, layer_input
+
+    key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    try:
+        return _run("mhc_fused_post_pre", residual, key, launch)
+    except (ValueError, TypeError) as e:
+        return _rejected("mhc_fused_post_pre", e)
+
+
+def _forget_cached_mhc_ops() -> None:
+    """Empty ``get_mhc_ops``'s cache if DeepSeek-V4 already filled it (a forward before the
+    plugin loaded), so that its next call reads the hooked ``mhc_fused_post_pre``."""
+    import sys
+
+    model = sys.modules.get("sglang.srt.models.deepseek_v4")
+    get_mhc_ops = getattr(model, "get_mhc_ops", None)
+    cache_clear = getattr(get_mhc_ops, "cache_clear", None)
+    try:
+        if cache_clear is not None and get_mhc_ops.cache_info().currsize:
+            cache_clear()
+    except Exception as e:  # noqa: BLE001 - never fatal: at worst the boundary keeps SGLang's
+        logger.warning("dsv4spec: could not reset SGLang's get_mhc_ops cache (%s: %s); the "
+                       "mhc_fused_post_pre hook may not reach DeepSeek-V4's boundary",
+                       type(e).__name__, e)
+
+
+def make_mhc_pre_hook(module: Any = None) -> GuardedHook:
+    return GuardedHook("mHC mhc_pre", fast_mhc_pre, logger, "SGLang")
+
+
+def make_mhc_post_hook(module: Any = None) -> GuardedHook:
+    return GuardedHook("mHC mhc_post", fast_mhc_post, logger, "SGLang")
+
+
+def make_mhc_fused_post_pre_hook(module: Any = None) -> GuardedHook:
+    _forget_cached_mhc_ops()
+    return GuardedHook("mHC mhc_fused_post_pre", fast_mhc_fused_post_pre, logger, "SGLang")

@@ -1,0 +1,522 @@
+"""The mHC hooks (``mhc_pre``, ``mhc_post``, ``mhc_fused_post_pre``) through SGLang's registry.
+
+The hooked module is SGLang's own ``kernels/ops/layernorm/mhc.py`` loaded by path; its three
+entry points run SGLang's TileLang kernels where they can (CUDA with TileLang, hc_mult * H in
+16384 or 28672) and SGLang's own torch path from the same file elsewhere (see
+``standins.mhc_module``). The callers are SGLang's own source too: ``get_mhc_ops`` and
+``apply_mhc_post_pre_boundary`` for the fused boundary, ``DeepseekV4DecoderLayer.hc_pre`` and
+``hc_post`` (through ``deepseek_v4_mhc.post``) for the other two. The epsilons are large and
+distinct so that a swapped or dropped one fails the comparisons.
+"""
+
+import ast
+import inspect
+import logging
+import sys
+import types
+
+import pytest
+import torch
+from triton.compiler.errors import CompilationError
+
+from dsv4spec.integrations.hooks import GuardedHook
+from dsv4spec.integrations.sglang import mhc as hooks
+from dsv4spec.integrations.sglang import plugin
+from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_reference
+
+from . import standins
+from .conftest import MHC_POST, MHC_POST_PRE, MHC_PRE, MHC_TARGETS
+from .standins import DEVICE
+
+SM90 = (9, 0)
+RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
+LOGGER = "dsv4spec.integrations.sglang"
+OPS = {MHC_PRE: "mhc_pre", MHC_POST: "mhc_post", MHC_POST_PRE: "mhc_fused_post_pre"}
+NAMES = {op: target for target, op in OPS.items()}
+H = 64  # interpreter-sized; SGLang's TileLang kernels need H = 4096 or 7168 (the torch path runs)
+
+
+def make_inputs(T, H=H, hc=4, seed=0):
+    """Everything the three functions take, as DSV4 passes it (post as [T, hc, 1])."""
+    g = torch.Generator().manual_seed(seed)
+    n = (2 + hc) * hc
+    t = {
+        "residual": torch.randn(T, hc, H, generator=g).bfloat16(),
+        "x": torch.randn(T, H, generator=g).bfloat16(),
+        "post": torch.rand(T, hc, 1, generator=g) * 2,
+        "comb": torch.rand(T, hc, hc, generator=g),
+        "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
+        "hc_scale": torch.rand(3, generator=g) + 0.5,
+        "hc_base": torch.randn(n, generator=g) * 0.5,
+        "norm_weight": (1 + 0.25 * torch.randn(H, generator=g)).bfloat16(),
+    }
+    t["comb"] = t["comb"] / t["comb"].sum(-1, keepdim=True)
+    return {k: v.to(DEVICE) for k, v in t.items()}
+
+
+def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
+    """(args, kwargs) of SGLang's ``op`` as DSV4 calls it."""
+    pre = (t["fn"], t["hc_scale"], t["hc_base"], RMS_EPS, *eps, 2.0, ITERS)
+    kw = {"norm_weight": t["norm_weight"], "norm_eps": NORM_EPS} if norm else {}
+    if op == "mhc_pre":
+        return (t["residual"], *pre), kw
+    if op == "mhc_post":
+        return (t["x"], t["residual"], t["post"], t["comb"]), {}
+    return (t["x"], t["residual"], t["post"], t["comb"], *pre), kw
+
+
+def reference(op, t, norm=True):
+    """dsv4spec's float64 reference, in SGLang's output shapes."""
+    kw = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS, "post_mult": 2.0}
+    if norm:
+        kw.update(norm_weight=t["norm_weight"], norm_eps=NORM_EPS)
+    weights = (t["fn"], t["hc_scale"], t["hc_base"])
+    if op == "mhc_pre":
+        post, comb, y = mhc_pre_reference(t["residual"], *weights, **kw)
+        return post.unsqueeze(-1), comb, y
+    post2 = t["post"].squeeze(-1)
+    if op == "mhc_post":
+        return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
+    new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
+                                                *weights, **kw)
+    return new, post.unsqueeze(-1), comb, y
+
+
+def assert_close(actual, expected, what, fp32_rtol=1e-4):
+    """Same structure, shapes and dtypes; fp32 within ``fp32_rtol`` of the largest value,
+    bf16 within two bf16 ulps (each side rounds an fp32 value that differs in the last bits)."""
+    if isinstance(expected, tuple):
+        assert isinstance(actual, tuple) and len(actual) == len(expected), what
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_close(a, e, f"{what}[{i}]", fp32_rtol)
+        return
+    assert actual.shape == expected.shape, f"{what}: {actual.shape} vs {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: {actual.dtype} vs {expected.dtype}"
+    a, e = actual.double(), expected.double()
+    if actual.dtype == torch.float32:
+        bound = fp32_rtol * e.abs().max() + 1e-6
+    else:
+        bound = 2.0**-6 * torch.maximum(a.abs(), e.abs()) + 1e-5
+    worst = (a - e).abs().max().item() if a.numel() else 0.0
+    assert bool(((a - e).abs() <= bound).all()), f"{what}: max |diff| {worst}"
+
+
+def outcome(fn, *args, **kwargs):
+    """``fn``'s result, or the type of the exception it raised (SGLang's own checks)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+
+
+def equal(actual, expected):
+    if isinstance(expected, type):
+        return actual is expected
+    if isinstance(expected, tuple):
+        return len(actual) == len(expected) and all(map(equal, actual, expected))
+    return actual.shape == expected.shape and torch.equal(actual, expected)
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Eager table entries for the test width (the interpreter stands in for sm_90)."""
+    def set_spans(op=None, spans=((1, 32),), mode="eager", width=H):
+        for name in ([op] if op else list(hooks.TABLES)):
+            monkeypatch.setitem(hooks.TABLES[name][SM90][mode], width, spans)
+    set_spans()
+    return set_spans
+
+
+def installed_hook(sgl, target) -> GuardedHook:
+    entries = [entry[1] for entry in sgl.registry._hooks[target]]
+    assert len(entries) == 1 and isinstance(entries[0], GuardedHook)
+    return entries[0]
+
+
+def run(sgl, op, t, **kw):
+    args, kwargs = call_args(op, t, **kw)
+    return getattr(sgl.mhc, op)(*args, **kwargs)
+
+
+def run_original(sgl, op, t, **kw):
+    args, kwargs = call_args(op, t, **kw)
+    return sgl.originals[NAMES[op]].__wrapped__(*args, **kwargs)
+
+
+# --- what is hooked ----------------------------------------------------------------------------
+
+
+def test_one_switch_installs_the_three_mhc_hooks(sgl, monkeypatch):
+    assert {h.target for h in plugin.HOOKS if h.switch == "DSV4SPEC_SGLANG_MHC"} == set(
+        MHC_TARGETS)
+    installed = sgl.install()
+    assert set(MHC_TARGETS) <= set(installed)
+    for target, op in OPS.items():
+        hooked = getattr(sgl.mhc, op)
+        assert hooked is not sgl.originals[target] and hooked.__wrapped__ is sgl.originals[target]
+        assert installed_hook(sgl, target).name == f"mHC {op}"
+
+
+@pytest.mark.parametrize("target", MHC_TARGETS)
+def test_fast_paths_take_sglang_signatures(target):
+    """Names, kinds and defaults as in SGLang's source (positional or keyword calls alike)."""
+    fast = {"mhc_pre": hooks.fast_mhc_pre, "mhc_post": hooks.fast_mhc_post,
+            "mhc_fused_post_pre": hooks.fast_mhc_fused_post_pre}[OPS[target]]
+    node = standins.function_node(standins.MHC_FILE, OPS[target])
+    upstream = [(a.arg, "kw" if a in node.args.kwonlyargs else "pos")
+                for a in node.args.args + node.args.kwonlyargs]
+    defaults = [ast.literal_eval(d) for d in node.args.defaults + node.args.kw_defaults]
+    params = list(inspect.signature(fast).parameters.values())
+    assert [(p.name, "kw" if p.kind is p.KEYWORD_ONLY else "pos") for p in params] == upstream
+    assert [p.default for p in params if p.default is not p.empty] == defaults
+    assert next(h for h in plugin.HOOKS if h.target == target).params == tuple(
+        name for name, _ in upstream)
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["with norm", "no norm"])
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("op", list(NAMES))
+def test_hook_in_the_table_gives_sglang_result(sgl, measured, op, T, norm):
+    if op == "mhc_post" and not norm:
+        pytest.skip("mhc_post has no norm")
+    sgl.install()
+    t = make_inputs(T)
+    ours = run(sgl, op, t, norm=norm)
+    assert sgl.originals[NAMES[op]].calls == 0, "dsv4spec's op served the call"
+    assert_close(ours, run_original(sgl, op, t, norm=norm), "vs SGLang's own")
+    assert_close(ours, reference(op, t, norm=norm), "vs float64 reference", fp32_rtol=1e-5)
+    if op != "mhc_post":  # the epsilons are used where SGLang uses them
+        for wrong in ((HC_EPS, 1e-6), (1e-6, HC_EPS)):
+            expected = sgl.originals[NAMES[op]].__wrapped__(
+                *call_args(op, t, norm=norm, eps=wrong)[0], **call_args(op, t, norm=norm)[1])
+            with pytest.raises(AssertionError):
+                assert_close(ours, expected, "wrong eps")
+
+
+def test_mhc_post_takes_post_as_sglang_does(sgl, measured):
+    sgl.install()
+    t = make_inputs(3)
+    flat = sgl.mhc.mhc_post(t["x"], t["residual"], t["post"].squeeze(-1), t["comb"])
+    kw = sgl.mhc.mhc_post(x=t["x"], residual=t["residual"], post_layer_mix=t["post"],
+                          comb_res_mix=t["comb"])  # as SGLang's prewarm calls it
+    assert sgl.originals[MHC_POST].calls == 0
+    assert torch.equal(flat, kw)
+    assert_close(flat, run_original(sgl, "mhc_post", t), "vs SGLang's own")
+
+
+# --- through SGLang's own callers -------------------------------------------------------------
+
+
+def test_boundary_through_get_mhc_ops_reaches_the_hook(sgl, measured):
+    """``apply_mhc_post_pre_boundary`` -> ``get_mhc_ops().mhc_fused_post_pre`` (SGLang's source):
+    ``get_mhc_ops`` reads the module attribute at its first call, after the hooks are applied."""
+    standins.add_get_mhc_ops(sgl.target)
+    boundary = standins.fused_mhc_module().apply_mhc_post_pre_boundary
+    sgl.install()
+    t = make_inputs(3)
+    args = (t["x"], t["residual"], t["post"].squeeze(-1), t["comb"], t["fn"], t["hc_scale"],
+            t["hc_base"], 4, RMS_EPS, HC_EPS, 2.0, ITERS, t["norm_weight"], NORM_EPS)
+    residual, layer_input, post, comb, fused = boundary(*args, fn_transpose=False)
+    assert sgl.originals[MHC_POST_PRE].calls == 0, "the boundary ran dsv4spec's op"
+    assert sgl.target.get_mhc_ops().mhc_fused_post_pre is sgl.mhc.mhc_fused_post_pre
+    assert fused and post.shape == (3, 4)
+    new, post_ref, comb_ref, y = run_original(sgl, "mhc_fused_post_pre", t)
+    assert_close((residual, layer_input, post, comb), (new, y, post_ref.squeeze(-1), comb_ref),
+                 "boundary vs SGLang's own")
+
+
+def test_get_mhc_ops_filled_before_the_plugin_is_reset(sgl, measured):
+    standins.add_get_mhc_ops(sgl.target)
+    assert sgl.target.get_mhc_ops().mhc_fused_post_pre is sgl.originals[MHC_POST_PRE]
+    sgl.install()
+    assert sgl.target.get_mhc_ops().mhc_fused_post_pre is sgl.mhc.mhc_fused_post_pre
+
+
+def test_decoder_layer_hc_pre_and_hc_post_reach_the_hooks(sgl, measured):
+    """DSV4's ``hc_pre`` imports ``mhc_pre`` inside the method (keyword call, norm fused), and
+    ``hc_post`` goes through ``deepseek_v4_mhc.post``, which imports ``mhc_post`` inside."""
+    standins.mhc_cfg_module()
+    layer_cls = standins.decoder_layer_class(sgl.target)
+    sgl.install()
+    layer = layer_cls(H, rms_norm_eps=RMS_EPS, hc_eps=HC_EPS, hc_sinkhorn_iters=ITERS)
+    t = make_inputs(3)
+    norm = types.SimpleNamespace(weight=torch.nn.Parameter(t["norm_weight"], requires_grad=False),
+                                 variance_epsilon=NORM_EPS)
+    y, post, comb, normed = layer.hc_pre(t["residual"], t["fn"], t["hc_scale"], t["hc_base"],
+                                         norm=norm)
+    assert normed and sgl.originals[MHC_PRE].calls == 0
+    post_ref, comb_ref, y_ref = run_original(sgl, "mhc_pre", t)
+    assert_close((y, post, comb), (y_ref, post_ref.squeeze(-1), comb_ref), "hc_pre")
+    out = layer.hc_post(t["x"], t["residual"], t["post"].squeeze(-1), t["comb"])
+    assert sgl.originals[MHC_POST].calls == 0
+    assert_close(out, run_original(sgl, "mhc_post", t), "hc_post")
+
+
+# --- stepping aside ----------------------------------------------------------------------------
+
+
+def deterministic(monkeypatch):
+    context = types.ModuleType("sglang.srt.runtime_context")
+    context.get_exec = lambda: types.SimpleNamespace(
+        deterministic=types.SimpleNamespace(enable_deterministic_inference=True))
+    monkeypatch.setitem(sys.modules, "sglang.srt.batch_invariant_ops", types.SimpleNamespace(
+        is_batch_invariant_mode_enabled=lambda: False))
+    monkeypatch.setattr(sys.modules["sglang.srt.runtime_context"], "get_exec", context.get_exec,
+                        raising=False)
+    from dsv4spec.integrations.sglang import hc_head
+
+    monkeypatch.setattr(hc_head, "_deterministic", None)
+
+
+def _strided(t):
+    t["residual"] = torch.cat([t["residual"], t["residual"]], -1)[..., :H]
+    return t
+
+
+STEP_ASIDE = [
+    pytest.param(lambda mp, m: m(spans=()), None, id="table miss"),
+    pytest.param(lambda mp, m: m(spans=((1, 64),)), lambda t: make_inputs(33), id="T=33"),
+    pytest.param(lambda mp, m: mp.setattr(hooks, "on_rocm", lambda: True), None, id="ROCm"),
+    pytest.param(lambda mp, m: mp.setattr(hooks, "_architecture", lambda i: (10, 0)), None,
+                 id="unmeasured architecture"),
+    pytest.param(lambda mp, m: deterministic(mp), None, id="deterministic inference"),
+    pytest.param(lambda mp, m: mp.setattr(hooks, "triton_runs_on", lambda d: False), None,
+                 id="no Triton on the device"),
+    pytest.param(None, lambda t: make_inputs(3, hc=2), id="hc_mult=2"),
+    pytest.param(None, lambda t: make_inputs(0), id="empty"),
+    pytest.param(None, _strided, id="non-contiguous residual"),
+]
+
+
+@pytest.mark.parametrize("setup, inputs", STEP_ASIDE)
+@pytest.mark.parametrize("op", list(NAMES))
+def test_hook_steps_aside(sgl, monkeypatch, measured, op, setup, inputs):
+    if setup is not None:
+        setup(monkeypatch, measured)
+    t = make_inputs(3)
+    if inputs is not None:
+        t = inputs(t)
+    T = t["residual"].shape[0]
+    if op == "mhc_post" and T == 33:
+        pytest.skip("mhc_post is bounded by its table only (no DeepGEMM)")
+    sgl.install()
+    y = outcome(run, sgl, op, t)
+    assert sgl.originals[NAMES[op]].calls == 1, "SGLang's own ran"
+    assert equal(y, outcome(run_original, sgl, op, t))
+    assert installed_hook(sgl, NAMES[op]).enabled, "stepping aside is not a failure"
+
+
+def test_mhc_post_beyond_32_tokens_follows_its_table(sgl, measured):
+    measured(op="mhc_post", spans=((1, 64),))
+    sgl.install()
+    t = make_inputs(33)
+    assert_close(run(sgl, "mhc_post", t), run_original(sgl, "mhc_post", t), "T=33")
+    assert sgl.originals[MHC_POST].calls == 0
+
+
+@pytest.mark.parametrize("case", ["eps differ", "fp32 norm weight", "n_splits=2", "4-D"])
+@pytest.mark.parametrize("op", ["mhc_pre", "mhc_fused_post_pre"])
+def test_arguments_that_do_not_map_step_aside(sgl, measured, op, case):
+    sgl.install()
+    t = make_inputs(3)
+    args, kwargs = call_args(op, t, eps=(HC_EPS, 0.5) if case == "eps differ" else
+                             (HC_EPS, HC_EPS))
+    if case == "fp32 norm weight":
+        kwargs["norm_weight"] = t["norm_weight"].float()
+    elif case == "n_splits=2":
+        if op == "mhc_fused_post_pre":
+            pytest.skip("SGLang's boundary sets its own n_splits")
+        args = (*args, 2)
+    elif case == "4-D":
+        i = 0 if op == "mhc_pre" else 1
+        args = list(args)
+        args[i] = args[i].unsqueeze(0)
+        if op == "mhc_fused_post_pre":
+            args[0], args[2], args[3] = (a.unsqueeze(0) for a in (args[0], args[2], args[3]))
+        args = tuple(args)
+    original = sgl.originals[NAMES[op]]
+    # SGLang's result, or SGLang's own exception (an assertion): it must be SGLang's to give
+    assert equal(outcome(getattr(sgl.mhc, op), *args, **kwargs),
+                 outcome(original.__wrapped__, *args, **kwargs))
+    assert original.calls == 1
+
+
+def test_fp32_residual_meets_sglang_assertion(sgl, measured):
+    sgl.install()
+    t = make_inputs(3)
+    t["residual"] = t["residual"].float()
+    with pytest.raises(AssertionError):
+        run(sgl, "mhc_pre", t)
+    assert sgl.originals[MHC_PRE].calls == 1
+    assert installed_hook(sgl, MHC_PRE).enabled
+
+
+@pytest.mark.parametrize("op", list(NAMES))
+def test_switched_off_leaves_sglang_functions(sgl, monkeypatch, measured, op):
+    monkeypatch.setenv("DSV4SPEC_SGLANG_MHC", "0")
+    installed = sgl.install()
+    assert not set(MHC_TARGETS) & set(installed)
+    assert getattr(sgl.mhc, op) is sgl.originals[NAMES[op]]
+    t = make_inputs(3)
+    assert equal(run(sgl, op, t), run_original(sgl, op, t))
+
+
+def test_under_torch_compile_steps_aside(measured):
+    """Traced by torch.compile (fullgraph), the hook steps aside: SGLang's path is traced."""
+    torch._dynamo.reset()
+    hook = hooks.make_mhc_post_hook()
+    t = make_inputs(3)
+
+    def sglang_post(x, residual, post_layer_mix, comb_res_mix):  # SGLang's torch formula
+        return (post_layer_mix * x.unsqueeze(1) + (comb_res_mix.unsqueeze(-1)
+                * residual.unsqueeze(2)).sum(dim=1)).type_as(x)
+
+    seen = []
+
+    def forward(x):
+        return hook(lambda *a: seen.append(1) or sglang_post(*a), x * 1, t["residual"],
+                    t["post"], t["comb"])
+
+    compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+    assert equal(compiled(t["x"]), sglang_post(t["x"], t["residual"], t["post"], t["comb"]))
+    assert seen and hook.enabled
+    torch._dynamo.reset()
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def compilation_error():
+    return CompilationError("def kernel(): ...", ast.parse("x").body[0], "injected")
+
+
+FAULTS = [
+    pytest.param(lambda: RuntimeError("CUDA error: an illegal memory access"), id="RuntimeError"),
+    pytest.param(lambda: AttributeError("'NoneType' object has no attribute 'launch'"),
+                 id="AttributeError"),
+    pytest.param(compilation_error, id="CompilationError"),
+]
+OUR_OPS = {"mhc_pre": "mhc_pre", "mhc_post": "mhc_post", "mhc_fused_post_pre": "mhc_post_pre"}
+
+
+@pytest.mark.parametrize("make_error", FAULTS)
+@pytest.mark.parametrize("op", list(NAMES))
+def test_failure_runs_sglang_and_switches_the_hook_off(sgl, monkeypatch, caplog, measured, op,
+                                                       make_error):
+    calls = []
+
+    def fail(*args, **kwargs):
+        calls.append(1)
+        raise make_error()
+
+    monkeypatch.setattr(hooks, OUR_OPS[op], fail)
+    sgl.install()
+    t = make_inputs(3)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        first, second = run(sgl, op, t), run(sgl, op, t)
+    assert calls == [1], "our op ran once, then the hook stayed off"
+    original = sgl.originals[NAMES[op]]
+    assert original.calls == 2
+    expected = run_original(sgl, op, t)
+    assert equal(first, expected) and equal(second, expected)
+    records = [r for r in caplog.records if "hook failed" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert records[0].exc_info[0] is type(make_error())
+    assert not installed_hook(sgl, NAMES[op]).enabled
+    others = [t_ for t_ in MHC_TARGETS if t_ != NAMES[op]]
+    assert all(installed_hook(sgl, t_).enabled for t_ in others), "only that hook is off"
+
+
+def test_rejected_inputs_step_aside_with_one_warning(sgl, measured, caplog):
+    sgl.install()
+    t = make_inputs(3)
+    t["comb"] = t["comb"].transpose(1, 2)  # not contiguous: our op refuses it, SGLang's takes it
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        y = run(sgl, "mhc_post", t)
+        run(sgl, "mhc_post", t)
+    assert sgl.originals[MHC_POST].calls == 2 and installed_hook(sgl, MHC_POST).enabled
+    assert equal(y, run_original(sgl, "mhc_post", t))
+    assert len([r for r in caplog.records if "rejected the inputs" in r.getMessage()]) == 1
+
+
+# --- tables and capture ------------------------------------------------------------------------
+
+
+def test_prefers_dsv4spec_follows_table_cap_and_mode(monkeypatch):
+    for op, table in hooks.TABLES.items():
+        assert set(table[SM90]) == {"graph", "eager"}
+        for mode in ("graph", "eager"):
+            for spans in table[SM90][mode].values():
+                assert all(1 <= lo <= hi for lo, hi in spans)
+    monkeypatch.setitem(hooks.SGLANG_MHC_PRE_FASTER[SM90]["graph"], 40, ((1, 8), (30, 64)))
+    assert [T for T in range(1, 70) if hooks.prefers_dsv4spec("mhc_pre", T, 40, True)] == [
+        *range(1, 9), 30, 31, 32]
+    assert not any(hooks.prefers_dsv4spec("mhc_pre", T, 40, False) for T in range(1, 70))
+    assert not hooks.prefers_dsv4spec("mhc_pre", 4, 40, True, (10, 0))
+    assert not hooks.prefers_dsv4spec("mhc_pre", 4, 40, True, None)
+    monkeypatch.setitem(hooks.SGLANG_MHC_POST_FASTER[SM90]["eager"], 40, ((1, 64),))
+    assert hooks.prefers_dsv4spec("mhc_post", 64, 40, False)
+
+
+@pytest.mark.parametrize("op", list(NAMES))
+def test_graph_only_entry_is_compiled_eagerly_then_captured(sgl, monkeypatch, measured, op):
+    """Eager table: SGLang's; graph table: ours. The eager warm-up runs SGLang's and launches
+    ours once (compiling it); a capture then takes ours, and only for shapes seen eagerly."""
+    measured(op=op, spans=())
+    measured(op=op, spans=((1, 8),), mode="graph")
+    launches = []
+    real = getattr(hooks, OUR_OPS[op])
+    monkeypatch.setattr(hooks, OUR_OPS[op], lambda *a, **k: launches.append(1) or real(*a, **k))
+    sgl.install()
+    t = make_inputs(3)
+    expected = run_original(sgl, op, t)
+    assert equal(run(sgl, op, t), expected) and len(launches) == 1
+    assert equal(run(sgl, op, t), expected) and len(launches) == 1, "compiled once"
+    original = sgl.originals[NAMES[op]]
+    assert original.calls == 2
+    monkeypatch.setattr(hooks, "_capturing", lambda index: True)
+    assert_close(run(sgl, op, t), expected, "captured")
+    assert original.calls == 2 and len(launches) == 2, "ours inside the capture"
+    run(sgl, op, make_inputs(5))  # never seen eagerly: SGLang's inside the capture
+    assert original.calls == 3 and len(launches) == 2
+
+
+# --- GPU: inside a CUDA graph at DSV4-Pro's width ----------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", list(NAMES))
+def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
+    """H = 7168, T = 4: eager warm-ups twice (as SGLang's runner does), a capture, replays with
+    new inputs against SGLang's own function run eagerly."""
+    width, T = 7168, 4
+    measured(op=op, spans=(), width=width)
+    measured(op=op, spans=((1, 32),), mode="graph", width=width)
+    sgl.install()
+    t = make_inputs(T, H=width)
+    args, kwargs = call_args(op, t)
+    fn = getattr(sgl.mhc, op)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    original = sgl.originals[NAMES[op]]
+    assert original.calls == 2, "the capture recorded dsv4spec's op"
+    for seed in (1, 2):
+        new = make_inputs(T, H=width, seed=seed)
+        for k in ("residual", "x", "post", "comb"):
+            t[k].copy_(new[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed}")
+    assert installed_hook(sgl, NAMES[op]).enabled
