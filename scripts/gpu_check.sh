@@ -44,7 +44,7 @@ for s in $STEPS; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     e2e-fp32)
       # The lossless check at every (preset, bs) in float32, where decode and verify GEMMs do
-      # not flip near-tied greedy choices (bf16 does, with random weights: benchmarks/NOTES.md).
+      # not flip near-tied greedy choices (bf16 does, with random weights: docs/benchmarks.md).
       step "dsv4spec bench e2e --dtype float32"
       $PY -m dsv4spec.cli bench e2e --dtype float32 --name e2e_fp32 --out "$OUT/results" 2>&1 \
         | tee "$OUT/bench_e2e_fp32.log" | tail -40

@@ -1,4 +1,4 @@
-"""Fused hc_head (SPEC §3) for hc_mult = 4 in two launches, optionally with the head RMSNorm.
+"""Fused hc_head (docs/design.md) for hc_mult = 4 in two launches, optionally with the head RMSNorm.
 
 Launch 1 (partials), grid = token blocks x K-splits: each program reads BLOCK_T tokens over a range
 of h for all 4 streams plus the matching columns of the 4 rows of ``hc_fn``, and writes per token
@@ -199,7 +199,7 @@ def _hc_head_partials_mma_kernel(
         lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
         # The tensor cores truncate as they accumulate, so each chunk's products start from
         # zero (smallest parts first) and the chunks add up in fp32 registers, rounded: over
-        # 4H = 28672 terms one long chain lost 1.6e-6 of sum(x^2) (benchmarks/NOTES.md).
+        # 4H = 28672 terms one long chain lost 1.6e-6 of sum(x^2) (docs/design.md).
         acc += tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
         if GRAM or SUMSQ_DOT:
             gram += tl.dot(xt, tl.trans(xt))

@@ -1,4 +1,4 @@
-"""Manifold-constrained hyper-connections (mHC, SPEC §3): ``hc_pre`` and ``hc_post``.
+"""Manifold-constrained hyper-connections (mHC, docs/design.md): ``hc_pre`` and ``hc_post``.
 
 The residual is ``X [T, hc, H]``. Before each sublayer ``hc_pre`` mixes the streams into the
 sublayer's input and produces the ``post`` weights and the doubly stochastic ``comb`` matrix that
@@ -73,6 +73,6 @@ def hc_post(
     return (post.unsqueeze(-1) * f.to(comb.dtype).unsqueeze(1) + mixed).to(x.dtype)
 
 
-# Inductor under capture_mode() only (SPEC §5), one graph per shape shared by every layer.
+# Inductor under capture_mode() only (docs/design.md), one graph per shape shared by every layer.
 hc_pre_captured = compile_in_capture_mode(hc_pre, dynamic=False)
 hc_post_captured = compile_in_capture_mode(hc_post, dynamic=False)

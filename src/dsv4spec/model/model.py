@@ -1,4 +1,4 @@
-"""The DSV4-style target model and its MTP draft block (SPEC §2–4), at any width.
+"""The DSV4-style target model and its MTP draft block (docs/design.md), at any width.
 
 Every forward is an *extend*: request ``b`` appends tokens at positions ``starts[b] + t`` for
 ``t < lengths[b]`` (prefill from 0 or continuing, decode with 1 token, verify and draft-extend with

@@ -1,4 +1,4 @@
-"""Rollback of C128 compressor-ring rows written by rejected draft tokens (SPEC §4).
+"""Rollback of C128 compressor-ring rows written by rejected draft tokens (docs/design.md).
 
 After a verify step, for every batch row ``b`` and every draft index ``j`` in
 ``[accept_lens[b], num_draft_tokens)``, ring row ``req_pool_indices[b] * ring + (seq_lens[b] + j)
@@ -273,7 +273,7 @@ class C128DraftCleanup:
         """Neutralise the rows of rejected drafts in every state, in one launch.
 
         ``req_pool_indices``, ``seq_lens``, ``accept_lens``: ``[B]`` int32/int64 on the states'
-        device (SPEC §4). ``check=True`` (host sync) also verifies the pointer table is not stale
+        device. ``check=True`` (host sync) also verifies the pointer table is not stale
         and the index values address rows inside the states, raising ``ValueError`` otherwise;
         without it, out-of-range rows are skipped in the kernel.
         """

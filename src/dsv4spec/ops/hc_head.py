@@ -1,4 +1,4 @@
-"""hc_head: collapse the hc_mult residual streams before the final norm (SPEC §3)."""
+"""hc_head: collapse the hc_mult residual streams before the final norm (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def hc_head_reference(x, hc_fn, hc_scale, hc_base, *, norm_eps, hc_eps):
-    """SPEC §3 hc_head, literally: ``x [..., hc_mult, H]`` -> ``[..., H]`` in ``x.dtype``."""
+    """DSV4's hc_head, literally: ``x [..., hc_mult, H]`` -> ``[..., H]`` in ``x.dtype``."""
     hc, H = x.shape[-2:]
     # fp32 for bf16/fp16/fp32 (DSV4); fp64 input stays fp64 (exact reference-model runs)
     xf = x.reshape(*x.shape[:-2], hc * H).to(torch.promote_types(x.dtype, torch.float32))
