@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import torch
+
+from dsv4spec.kernels import on_rocm
+
 OFF_VALUES = ("0", "false", "off", "no")
 
 
@@ -105,3 +109,39 @@ class GuardedHook:
             "dsv4spec: the %s hook failed (%s); it is off for the rest of this process and "
             "%s's own code runs in its place", self.name, self.failure, self.engine,
             exc_info=(type(error), error, error.__traceback__))
+
+
+# Measured-faster tables: where dsv4spec's op beat the engine's own, per GPU architecture
+# (compute capability), mode ("graph": device time inside a CUDA graph; "eager": host wall time
+# per back-to-back eager call) and hidden size: inclusive token ranges whose measured points all
+# won. A hook runs dsv4spec's op only inside them.
+Architecture = tuple[int, int]
+Spans = tuple[tuple[int, int], ...]
+FasterTable = dict[Architecture, dict[str, dict[int, Spans]]]
+# The architecture the CPU interpreter stands in for (its grids mirror an H200's).
+INTERPRETER_ARCHITECTURE: Architecture = (9, 0)
+_architectures: dict[int, Architecture | None] = {}
+
+
+def gpu_architecture(device_index: int) -> Architecture | None:
+    """Device ``device_index``'s compute capability (remembered); the interpreter's stand-in
+    for the CPU (-1); None on ROCm, whose capability numbers mean something else."""
+    if device_index < 0:
+        return INTERPRETER_ARCHITECTURE
+    if device_index not in _architectures:
+        _architectures[device_index] = (
+            None if on_rocm() else tuple(torch.cuda.get_device_capability(device_index)))
+    return _architectures[device_index]
+
+
+def measured_faster(table: FasterTable, architecture: Architecture | None, hidden_size: int,
+                    num_tokens: int, in_graph: bool) -> bool:
+    """Whether ``num_tokens`` lies in a winning range of ``table`` for that architecture, mode
+    and hidden size."""
+    modes = table.get(architecture) if architecture is not None else None
+    if modes is None:
+        return False
+    for lo, hi in modes["graph" if in_graph else "eager"].get(hidden_size, ()):
+        if lo <= num_tokens <= hi:
+            return True
+    return False

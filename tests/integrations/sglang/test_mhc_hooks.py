@@ -17,7 +17,6 @@ import types
 
 import pytest
 import torch
-from triton.compiler.errors import CompilationError
 
 from dsv4spec.integrations.hooks import GuardedHook
 from dsv4spec.integrations.sglang import mhc as hooks
@@ -27,6 +26,7 @@ from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_ref
 from . import standins
 from .conftest import MHC_POST, MHC_POST_PRE, MHC_PRE, MHC_TARGETS
 from .standins import DEVICE
+from .test_guards import FAULTS
 
 SM90 = (9, 0)
 RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
@@ -389,16 +389,6 @@ def test_under_torch_compile_steps_aside(measured):
 # --- faults ------------------------------------------------------------------------------------
 
 
-def compilation_error():
-    return CompilationError("def kernel(): ...", ast.parse("x").body[0], "injected")
-
-
-FAULTS = [
-    pytest.param(lambda: RuntimeError("CUDA error: an illegal memory access"), id="RuntimeError"),
-    pytest.param(lambda: AttributeError("'NoneType' object has no attribute 'launch'"),
-                 id="AttributeError"),
-    pytest.param(compilation_error, id="CompilationError"),
-]
 OUR_OPS = {"mhc_pre": "mhc_pre", "mhc_post": "mhc_post", "mhc_fused_post_pre": "mhc_post_pre"}
 
 

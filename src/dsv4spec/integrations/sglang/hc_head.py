@@ -26,7 +26,14 @@ from typing import Any
 import torch
 
 from dsv4spec.capture import stream_capturing
-from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations.hooks import (
+    INTERPRETER_ARCHITECTURE,
+    STEP_ASIDE,
+    FasterTable,
+    GuardedHook,
+    gpu_architecture,
+    measured_faster,
+)
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head import HC, PRECOMPILE_MAX_TOKENS, precompile
 from dsv4spec.ops import hc_head
@@ -39,7 +46,7 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # all won. sm_90 source: benchmarks/results/hc_head_tensor_cores.md (H200, 2026-11-29, provider
 # "sglang": SGLang / ours 3.7-14.1x in a graph, 1.2-3.9x eager), T in {1, 4, 16, 64, 256, 1024,
 # 4096}. Anything else (other architectures and widths, T > 4096) keeps SGLang's path.
-TARGET_HC_HEAD_FASTER: dict[tuple[int, int], dict[str, dict[int, tuple[tuple[int, int], ...]]]] = {
+TARGET_HC_HEAD_FASTER: FasterTable = {
     (9, 0): {
         "graph": {4096: ((1, 4096),), 7168: ((1, 4096),)},
         "eager": {4096: ((1, 4096),), 7168: ((1, 4096),)},
@@ -48,11 +55,8 @@ TARGET_HC_HEAD_FASTER: dict[tuple[int, int], dict[str, dict[int, tuple[tuple[int
 # Architectures where the draft hook's kernel was measured against the draft's eager chain
 # (results/hc_head_tensor_cores.md, provider "eager").
 DRAFT_HC_HEAD_MEASURED: tuple[tuple[int, int], ...] = ((9, 0),)
-# The architecture the CPU interpreter stands in for (its grids mirror an H200's).
-INTERPRETER_ARCHITECTURE = (9, 0)
 
 _warned: set[str] = set()
-_architectures: dict[int, tuple[int, int] | None] = {}
 _ready: dict[tuple, tuple[int, int] | None] = {}
 _deterministic: bool | None = None
 
@@ -79,24 +83,12 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
         True iff ``num_tokens`` lies in one of the measured winning ranges of
         :data:`TARGET_HC_HEAD_FASTER` for that architecture, mode and ``hidden_size``.
     """
-    table = TARGET_HC_HEAD_FASTER.get(architecture)
-    if table is None:
-        return False
-    for lo, hi in table["graph" if in_graph else "eager"].get(hidden_size, ()):
-        if lo <= num_tokens <= hi:
-            return True
-    return False
+    return measured_faster(TARGET_HC_HEAD_FASTER, architecture, hidden_size, num_tokens,
+                           in_graph)
 
 
 def _architecture(x: torch.Tensor) -> tuple[int, int] | None:
-    """``x``'s GPU compute capability; the interpreter's stand-in on CPU; None on ROCm."""
-    index = x.get_device()
-    if index < 0:
-        return INTERPRETER_ARCHITECTURE
-    if index not in _architectures:
-        _architectures[index] = (None if on_rocm()
-                                 else tuple(torch.cuda.get_device_capability(index)))
-    return _architectures[index]
+    return gpu_architecture(x.get_device())
 
 
 def sglang_deterministic() -> bool:

@@ -32,8 +32,15 @@ from typing import Any
 import torch
 
 from dsv4spec.capture import stream_capturing
-from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
-from dsv4spec.integrations.sglang.hc_head import INTERPRETER_ARCHITECTURE, sglang_deterministic
+from dsv4spec.integrations.hooks import (
+    INTERPRETER_ARCHITECTURE,
+    STEP_ASIDE,
+    FasterTable,
+    GuardedHook,
+    gpu_architecture,
+    measured_faster,
+)
+from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
@@ -41,18 +48,17 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 
 HC = 4
 
-Spans = tuple[tuple[int, int], ...]
-Table = dict[tuple[int, int], dict[str, dict[int, Spans]]]
+
 
 # Where dsv4spec's op beat SGLang's function, per GPU architecture (compute capability), mode
 # ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager call)
 # and hidden size H: inclusive token ranges whose measured points all won, as in
 # hc_head.TARGET_HC_HEAD_FASTER. Source to fill them from: benchmarks/results/mhc.md (SGLang
 # 0.5.23's TileLang kernels side by side with ours). Empty until then: every call steps aside.
-SGLANG_MHC_PRE_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
-SGLANG_MHC_POST_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
-SGLANG_MHC_FUSED_POST_PRE_FASTER: Table = {(9, 0): {"graph": {}, "eager": {}}}
-TABLES: dict[str, Table] = {
+SGLANG_MHC_PRE_FASTER: FasterTable = {(9, 0): {"graph": {}, "eager": {}}}
+SGLANG_MHC_POST_FASTER: FasterTable = {(9, 0): {"graph": {}, "eager": {}}}
+SGLANG_MHC_FUSED_POST_PRE_FASTER: FasterTable = {(9, 0): {"graph": {}, "eager": {}}}
+TABLES: dict[str, FasterTable] = {
     "mhc_pre": SGLANG_MHC_PRE_FASTER,
     "mhc_post": SGLANG_MHC_POST_FASTER,
     "mhc_fused_post_pre": SGLANG_MHC_FUSED_POST_PRE_FASTER,
@@ -69,7 +75,6 @@ MEASURED_MAX_TOKENS: dict[str, int | None] = {
 }
 
 _warned: set[str] = set()
-_architectures: dict[int, tuple[int, int] | None] = {}
 # Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
 _compiled: set[tuple] = set()
 
@@ -100,23 +105,11 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     cap = MEASURED_MAX_TOKENS[op]
     if architecture is None or (cap is not None and num_tokens > cap):
         return False
-    table = TABLES[op].get(architecture)
-    if table is None:
-        return False
-    for lo, hi in table["graph" if in_graph else "eager"].get(hidden_size, ()):
-        if lo <= num_tokens <= hi:
-            return True
-    return False
+    return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
 
 
 def _architecture(index: int) -> tuple[int, int] | None:
-    """Device ``index``'s compute capability; the interpreter's stand-in on CPU; None on ROCm."""
-    if index < 0:
-        return INTERPRETER_ARCHITECTURE
-    if index not in _architectures:
-        _architectures[index] = (None if on_rocm()
-                                 else tuple(torch.cuda.get_device_capability(index)))
-    return _architectures[index]
+    return gpu_architecture(index)
 
 
 def _capturing(index: int) -> bool:
