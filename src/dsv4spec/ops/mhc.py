@@ -233,7 +233,9 @@ def _direct_call_ok(*tensors) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if (type(t) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(t)
+        # a model's weights are nn.Parameter: plain tensors for the kernels
+        if ((type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter)
+                or torch._C._functorch.is_functorch_wrapped_tensor(t)
                 or (grad and t.requires_grad)):
             return False
     return True
