@@ -22,6 +22,7 @@ from ab_hc_head import beyond_2_ulps  # this folder's A/B script
 from dsv4spec.bench.common import environment, time_in_graph
 from dsv4spec.bench.hc_head import make_inputs
 from dsv4spec.kernels import hc_head as kernels
+from dsv4spec.kernels.hc_head_plan import hc_head_config, num_sms
 from dsv4spec.ops.hc_head import hc_head_reference, hc_head_rmsnorm_reference
 
 EPS = (1e-6, 1e-6)
@@ -47,7 +48,7 @@ def main() -> None:
     results = {"environment": environment(), "sweep": [], "rows": []}
     x, fn, sc, base, nw = make_inputs(1024, 7168)
     ref = hc_head_reference(x, fn, sc, base, norm_eps=EPS[0], hc_eps=EPS[1])
-    base_splits = kernels._hc_head_config(1024, 7168, kernels._num_sms(0), mma=True).num_splits
+    base_splits = hc_head_config(1024, 7168, num_sms(0), mma=True).num_splits
     timed = []
     for block_t, block_k, warps, stages, mul in itertools.product(
             (16, 32), (64, 128), (4, 8), (2, 3, 4), (0.5, 1, 2)):

@@ -19,7 +19,8 @@ import torch
 
 from dsv4spec.bench.common import environment, time_in_graph
 from dsv4spec.bench.hc_head import make_inputs
-from dsv4spec.kernels.hc_head import _hc_head_config, _num_sms, hc_head_triton
+from dsv4spec.kernels.hc_head import hc_head_triton
+from dsv4spec.kernels.hc_head_plan import hc_head_config, num_sms
 
 EPS = (1e-6, 1e-6)
 
@@ -40,7 +41,7 @@ def main() -> None:
         x, fn, sc, base, nw = make_inputs(T, 7168)
         ref = hc_head_triton(x, fn, sc, base, *EPS)
         default = us(lambda: hc_head_triton(x, fn, sc, base, *EPS))
-        n_splits = _hc_head_config(T, 7168, _num_sms(x.get_device())).num_splits
+        n_splits = hc_head_config(T, 7168, num_sms(x.get_device())).num_splits
         best = (float("inf"), None)
         for block_t, block_k, warps, mul in itertools.product((4, 8), (64, 128), (2, 4), (1, 2)):
             kw = dict(partials_2d=True, block_t=block_t, block_k=block_k,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dsv4spec.kernels import hc_head as kernels
+from dsv4spec.kernels import hc_head_plan as planner
 
 PAIRS = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
 
@@ -90,12 +91,12 @@ def test_mma_partials_leave_nothing_past_the_workspace():
 
 
 def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
-    monkeypatch.setattr(kernels, "_num_sms", lambda device_index: 132)
-    monkeypatch.setattr(kernels, "_supports_pdl", lambda device_index: device_index >= 0)
-    kernels._plan.cache_clear()
+    monkeypatch.setattr(planner, "num_sms", lambda device_index: 132)
+    monkeypatch.setattr(planner, "supports_pdl", lambda device_index: device_index >= 0)
+    planner._plan.cache_clear()
 
     def plan(T, H, device=0, dtype=torch.bfloat16, **kw):
-        return kernels._plan(T, H, device, False, None, None, None, dtype=dtype, **kw)[0]
+        return planner._plan(T, H, device, False, None, None, None, dtype=dtype, **kw)[0]
 
     # tensor cores for bf16 on CUDA from T * H = MMA_MIN_ELEMENTS on
     assert plan(256, 7168).mma and plan(512, 4096).mma
@@ -105,20 +106,20 @@ def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
     with pytest.raises(ValueError, match="bfloat16"):
         plan(256, 7168, dtype=torch.float32, mma=True)
     # forced in an interpreter whose bf16 dots are wrong, it is refused, not run
-    assert kernels._interpreter_multiplies_bf16()  # tests/conftest.py fixed this one
-    kernels._plan.cache_clear()
-    monkeypatch.setattr(kernels, "_interpreter_multiplies_bf16", lambda: False)
+    assert planner._interpreter_multiplies_bf16()  # tests/conftest.py fixed this one
+    planner._plan.cache_clear()
+    monkeypatch.setattr(planner, "_interpreter_multiplies_bf16", lambda: False)
     with pytest.raises(ValueError, match="need a GPU"):
         plan(256, 7168, device=-1, mma=True)
     # the finalize as a dependent launch up to PDL_MAX_TOKENS, never in the interpreter
-    assert plan(kernels.PDL_MAX_TOKENS, 7168).pdl and not plan(kernels.PDL_MAX_TOKENS + 1, 7168).pdl
+    assert plan(planner.PDL_MAX_TOKENS, 7168).pdl and not plan(planner.PDL_MAX_TOKENS + 1, 7168).pdl
     assert not plan(1, 7168, device=-1).pdl
     with pytest.raises(ValueError, match="sm_90"):
         plan(1, 7168, device=-1, pdl=True)
     # L2 hints with the tensor-core partials only, unless asked for
     assert plan(1024, 7168).evict_hints and not plan(64, 7168).evict_hints
     assert not plan(1024, 7168, evict_hints=False).evict_hints
-    kernels._plan.cache_clear()
+    planner._plan.cache_clear()
 
 
 @pytest.mark.gpu
@@ -127,7 +128,7 @@ def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
 def test_gpu_mma_partials_match_float64(H, rmsnorm):
     # The default tensor-core plan at real widths, T a whole and a partial token block past the
     # threshold.
-    for T in (kernels.MMA_MIN_ELEMENTS // H, 1000):
+    for T in (planner.MMA_MIN_ELEMENTS // H, 1000):
         x, hc_fn = make(T, H, seed=T)
         x, hc_fn = x.cuda(), hc_fn.cuda()
         got, cfg = partial_sums(x, hc_fn, rmsnorm)

@@ -185,7 +185,7 @@ def test_triton_tiling_loops_and_masked_splits(rmsnorm, eps, partials_2d):
 
 
 def test_2d_partials_are_the_default_for_the_norm_at_large_t_only():
-    from dsv4spec.kernels.hc_head import _plan
+    from dsv4spec.kernels.hc_head_plan import _plan
 
     assert _plan(1024, 7168, -1, True, None, None, None)[0].partials_2d
     assert not _plan(1024, 7168, -1, False, None, None, None)[0].partials_2d

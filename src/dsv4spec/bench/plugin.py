@@ -20,7 +20,7 @@ import torch
 from dsv4spec.bench import common
 from dsv4spec.bench.hc_head import EPS, make_inputs
 from dsv4spec.integrations.sglang.hc_head import make_target_hook
-from dsv4spec.kernels import hc_head as hc_head_kernels
+from dsv4spec.kernels import hc_head_precompile as hc_head_kernels
 from dsv4spec.ops import hc_head
 
 COLUMNS = ["what", "H", "T", "median_us", "p20_us", "p80_us"]

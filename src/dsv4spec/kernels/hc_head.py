@@ -21,21 +21,24 @@ over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T
 58.7 MB of x, ``hc_fn`` once per 16-token block (from L2), writes 14.7 MB; launch 2 reads x a
 second time, last token first so the rows launch 1 read last are still in L2 (launch 1 asks L2 to
 keep x, launch 2 to drop it).
+
+Here: the device code, the launch builders and :func:`hc_head_triton`. The tiling (which kernel,
+blocks, splits, warps, PDL, L2 hints) is planned in ``hc_head_plan.py``; compiling every variant
+ahead of the first call is ``hc_head_precompile.py``.
 """
 
 from __future__ import annotations
-
-import contextlib
-import functools
-from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels import on_rocm
+from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
+
+# kernels/mhc.py imports these two planner queries from this module under these names
+from dsv4spec.kernels.hc_head_plan import num_sms as _num_sms  # noqa: F401
+from dsv4spec.kernels.hc_head_plan import supports_pdl as _supports_pdl  # noqa: F401
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 
@@ -311,113 +314,6 @@ def _hc_head_finalize_kernel(
     tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
 
 
-@triton.jit
-def _bf16_dot_probe_kernel(a_ptr, out_ptr):
-    offs = tl.arange(0, 16)
-    a = tl.load(a_ptr + offs[:, None] * 16 + offs[None, :])
-    tl.store(out_ptr + offs[:, None] * 16 + offs[None, :], tl.dot(a, a))
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreter_multiplies_bf16() -> bool:
-    # Triton 3.6's interpreter keeps bf16 as uint16 and multiplies the bit patterns in tl.dot
-    # (tests/conftest.py converts them first): probe once instead of trusting a version number.
-    a = torch.full((16, 16), 0.5, dtype=torch.bfloat16)
-    out = torch.empty((16, 16), dtype=torch.float32)
-    _bf16_dot_probe_kernel[(1,)](a, out)
-    return bool((out == 4.0).all())
-
-
-@functools.lru_cache(maxsize=None)
-def _supports_pdl(device_index: int) -> bool:
-    # griddepcontrol is NVIDIA's, from sm_90; not in the interpreter, not on ROCm (whose
-    # capability numbers mean something else: an MI300 reports 9.4)
-    return (device_index >= 0 and not on_rocm()
-            and torch.cuda.get_device_capability(device_index)[0] >= 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    if device_index < 0:
-        return 132  # the interpreter (CPU tensors): mirror an H200's grid
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-class _Config(NamedTuple):
-    block_t: int
-    block_k: int
-    chunks_per_split: int
-    num_splits: int
-    block_h: int
-    partials_2d: bool = False  # the partials kernel's ACC_2D
-    mma: bool = False  # the tensor-core partials kernel (bf16 x)
-    stages: int | None = None  # its software-pipeline depth (Triton's num_stages)
-    sumsq_dot: bool = True  # its SUMSQ_DOT: sum(x^2) from the tile's Gram product
-    pdl: bool = False  # the finalize as a programmatic dependent launch (sm_90+)
-    evict_hints: bool = False  # x kept in L2 by the partials (evict_last), dropped by the finalize
-
-
-# The tensor-core partials: the default for bf16 x on CUDA from T * H = this on (at H = 7168
-# from T = 256, at H = 4096 from T = 512: results/ab_hc_head_all_t.json)
-MMA_MIN_ELEMENTS = 256 * 7168
-# The finalize as a programmatic dependent launch: the default up to this many tokens, where
-# it saved 0.4-0.8 µs in a graph; from T = 64 on it was slower as often as faster, and with the
-# RMSNorm up to 14 % slower (results/ab_hc_head_all_t.json, ab_hc_head_final.json).
-PDL_MAX_TOKENS = 16
-
-
-def _hc_head_config(T, H, num_sms, block_k=None, num_splits=None, block_h=None,
-                    partials_2d=None, block_t=None, mma=False, stages=None,
-                    sumsq_dot=None) -> _Config:
-    # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
-    # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
-    # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
-    # H = 7168 (scripts/tune_hc_head.py).
-    if mma:
-        # 16-token (64-row) tiles, 4 warps, a 3-stage pipeline over 64-wide chunks (swept on the
-        # H200 at H = 7168, T = 256, 1024, 4096: scripts/sweep_hc_head_mma.py). At most 16
-        # chunks per program, and as many splits as fill whole waves: 5 programs fit on an SM
-        # (ncu: registers and shared memory both cap it at 5), and at T = 1024 a grid of 704
-        # (1.07 waves) left a tail that 640 (10 splits, the sweep's best) does not.
-        block_t = block_t or 16
-        block_k = block_k or 64
-        n_chunks = triton.cdiv(H, block_k)
-        if num_splits is None:
-            token_blocks, slots = triton.cdiv(T, block_t), 5 * num_sms
-            fewest = triton.cdiv(n_chunks, 16)
-            waves = triton.cdiv(token_blocks * fewest, slots)
-            num_splits = min(n_chunks, max(fewest, waves * slots // token_blocks))
-        chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-        num_splits = triton.cdiv(n_chunks, chunks_per_split)
-        block_h = block_h or (1024 if T <= 128 else 512)
-        return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, False, True,
-                       stages or 3, True if sumsq_dot is None else sumsq_dot)
-    if partials_2d is None:
-        partials_2d = False
-    if block_t is None:
-        block_t = 4 if partials_2d else min(triton.next_power_of_2(T), 8)
-    if block_k is None:
-        block_k = 64 if T <= 4 or partials_2d else 128 if T <= 32 else 256
-    n_chunks = triton.cdiv(H, block_k)
-    if num_splits is None:
-        programs_per_sm = 4 if T <= 64 else 12
-        # the 2-D kernel: the split count the default computes before rounding to whole chunks
-        num_splits = min(triton.cdiv(H, 256) if partials_2d else n_chunks,
-                         triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, 8 if partials_2d
-                                                                           else block_t)))
-    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-    num_splits = triton.cdiv(n_chunks, chunks_per_split)
-    if block_h is None:
-        block_h = 128 if T <= 8 else 1024 if T <= 128 else 512
-    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, partials_2d)
-
-
-def _num_warps(T: int) -> tuple[int, int]:
-    # (partials, finalize). Swept at H = 7168: T = 4 partials 2.46 µs at 4 warps; T = 64 3.63 µs
-    # at 2 (3.90 at 4); finalize at 1 warp everywhere (T = 4: 1.74 µs vs 3.87 at 4 warps).
-    return (4 if T <= 4 else 2), 1
-
-
 _PARTIALS = LaunchCache(_hc_head_partials_kernel)
 _PARTIALS_MMA = LaunchCache(_hc_head_partials_mma_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
@@ -429,7 +325,7 @@ _DIRECT: dict = {}
 WORKSPACES = WorkspaceCache()
 
 
-def _partials_launch(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int):
+def _partials_launch(x, hc_fn, ws, cfg: HcHeadConfig, rmsnorm: bool, num_warps: int):
     """Launch 1 as (launch cache, grid, runtime args, constexprs, launch options)."""
     T, _, H = x.shape
     grid = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
@@ -447,8 +343,8 @@ def _partials_launch(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int):
     return _PARTIALS, grid, args, constexprs, _options(num_warps, None, False)
 
 
-def _finalize_launch(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
-                     num_warps: int):
+def _finalize_launch(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps,
+                     cfg: HcHeadConfig, num_warps: int):
     """Launch 2 as (launch cache, grid, runtime args, constexprs, launch options)."""
     T, _, H = x.shape
     rmsnorm = norm_weight is not None
@@ -478,16 +374,24 @@ def _launch(launch, key) -> None:
     cache.launch(key, grid, args, constexprs, **options)  # the options are launch()'s keywords
 
 
-def _launch_partials(x, hc_fn, ws, cfg: _Config, rmsnorm: bool, num_warps: int = 4,
-                     key=None) -> None:
+def launch_partials(x: torch.Tensor, hc_fn: torch.Tensor, ws: torch.Tensor, cfg: HcHeadConfig,
+                    rmsnorm: bool, num_warps: int = 4, key: tuple | None = None) -> None:
+    """Launch 1 on an explicit tiling ``cfg``: the partials of ``x [T, 4, H]`` and ``hc_fn`` into
+    ``ws [T, 8 or 14 with rmsnorm, cfg.num_splits]`` (fp32). ``key`` names the compiled launch in
+    its cache (by default everything the launch binds or specialises on). For tuning scripts."""
     if key is None:
         key = (x.shape[0], x.shape[2], x.dtype, cfg, rmsnorm, num_warps, x.get_device(),
                alignment_key(x.data_ptr(), hc_fn.data_ptr(), ws.data_ptr()))
     _launch(_partials_launch(x, hc_fn, ws, cfg, rmsnorm, num_warps), key)
 
 
-def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg: _Config,
-                     num_warps: int = 4, key=None) -> None:
+def launch_finalize(x: torch.Tensor, ws: torch.Tensor, hc_scale: torch.Tensor,
+                    hc_base: torch.Tensor, norm_weight: torch.Tensor | None, out: torch.Tensor,
+                    norm_eps: float, hc_eps: float, cfg: HcHeadConfig, num_warps: int = 4,
+                    key: tuple | None = None) -> None:
+    """Launch 2 on an explicit tiling ``cfg``: ``out [T, H]`` from ``x`` and the partials in
+    ``ws`` that :func:`launch_partials` wrote on the same ``cfg`` (with the RMSNorm when
+    ``norm_weight`` is given). ``key`` as there. For tuning scripts."""
     if key is None:
         weight = hc_base if norm_weight is None else norm_weight
         key = (x.shape[0], x.shape[2], x.dtype, cfg, norm_weight is not None, num_warps,
@@ -495,43 +399,6 @@ def _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_ep
                alignment_key(*(t.data_ptr() for t in (x, ws, hc_scale, hc_base, weight, out))))
     _launch(_finalize_launch(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg,
                              num_warps), key)
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
-          partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
-          sumsq_dot=None, pdl=None, evict_hints=None):
-    if mma is None:
-        # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
-        # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
-        mma = dtype is torch.bfloat16 and device_index >= 0 and T * H >= MMA_MIN_ELEMENTS
-    elif mma and dtype is not None and dtype is not torch.bfloat16:
-        raise ValueError(f"the tensor-core partials need bfloat16 x, got {dtype}")
-    elif mma and device_index < 0 and not _interpreter_multiplies_bf16():
-        raise ValueError("the tensor-core partials need a GPU: this Triton interpreter "
-                         "multiplies bf16 dot operands as integers")
-    if partials_2d is None and not mma:
-        # The 2-D partials pay off where the RMSNorm's Gram sums make a large pass heavy (in a
-        # graph, 1-D -> 2-D: H = 7168 T = 1024 70.2 -> 64.5 µs, T = 4096 239 -> 219; H = 4096
-        # T = 4096 138 -> 131) but not below (H = 4096 T = 1024 30.9 -> 39.8) nor without the
-        # norm (results/hc_head.json, hc_head_launch_lean.json, sweep_hc_head_partials.json).
-        partials_2d = rmsnorm and T * H >= 1024 * 7168
-    cfg = _hc_head_config(T, H, _num_sms(device_index), block_k, num_splits, block_h,
-                          partials_2d, block_t, mma, stages, sumsq_dot)
-    if pdl is None:
-        pdl = T <= PDL_MAX_TOKENS and _supports_pdl(device_index)
-    elif pdl and not _supports_pdl(device_index):
-        raise ValueError("pdl needs an sm_90+ GPU")
-    if evict_hints is None:
-        # x (> 50 MB at T = 1024, H = 7168) kept in L2 by the partials and dropped by the
-        # finalize: 40.7 -> 38.9 µs there (results/ab_hc_head_one_launch_evict.json)
-        evict_hints = cfg.mma
-    cfg = cfg._replace(pdl=pdl, evict_hints=evict_hints)
-    if warps is None and (cfg.partials_2d or cfg.mma):
-        warps = (4, 1)
-    if warps is not None:
-        return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), warps
-    return cfg, (T, 14 if rmsnorm else 8, cfg.num_splits), _num_warps(T)
 
 
 def partials_launch(x: torch.Tensor, hc_fn: torch.Tensor, rmsnorm: bool,
@@ -548,7 +415,8 @@ def partials_launch(x: torch.Tensor, hc_fn: torch.Tensor, rmsnorm: bool,
         ws = torch.empty(ws_shape, device=x.device)
     elif ws.shape != ws_shape:
         raise ValueError(f"ws must have shape {ws_shape}, got {tuple(ws.shape)}")
-    return (lambda: _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0])), ws, cfg
+    return (lambda: launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0])), ws, cfg
+
 
 def hc_head_triton(
     x: torch.Tensor,
@@ -577,11 +445,11 @@ def hc_head_triton(
     With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits``, ``block_h``, ``partials_2d``,
     ``block_t`` and ``warps`` (partials, finalize) override the tiling; ``mma`` picks the
-    tensor-core partials kernel (bf16 x; by default on CUDA from ``MMA_MIN_TOKENS`` tokens),
+    tensor-core partials kernel (bf16 x; by default on CUDA from T * H = ``MMA_MIN_ELEMENTS``),
     ``stages`` its pipeline depth and ``sumsq_dot`` how it sums ``x^2``; ``pdl`` launches the
     finalize as a programmatic dependent launch (default on sm_90+ GPUs up to
-    ``PDL_MAX_TOKENS`` tokens), ``evict_hints`` asks L2 to keep x between the two launches
-    (default with the tensor-core partials).
+    ``PDL_MAX_TOKENS`` tokens; both thresholds in ``hc_head_plan``), ``evict_hints`` asks L2 to
+    keep x between the two launches (default with the tensor-core partials).
     After the first call of a shape, eager calls launch the cached compiled kernels directly
     (:class:`~dsv4spec.kernels.launch.LaunchCache`): one allocation (``out``; the partials
     workspace is reused per stream and shape, except while a CUDA graph is captured), two
@@ -612,113 +480,10 @@ def hc_head_triton(
         direct[0](px, pf, pw)
         direct[1](px, pw, ps, pb, pn, po)
         return out
-    _launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
-    _launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
+    launch_partials(x, hc_fn, ws, cfg, rmsnorm, warps[0], key)
+    launch_finalize(x, ws, hc_scale, hc_base, norm_weight, out, norm_eps, hc_eps, cfg, warps[1],
                      key)
     partials, finalize = (_PARTIALS_MMA if cfg.mma else _PARTIALS).get(key), _FINALIZE.get(key)
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
     return out
-
-
-# Triton compiles one variant per constexpr set and per specialisation of the integer arguments
-# (== 1, divisible by 16); hc_head_triton's plan depends on T, so a new T can need a new variant.
-# At T above this every call compiles what some T below it did (checked in the tests), so
-# compiling the variants up to it leaves nothing to compile for any T.
-PRECOMPILE_MAX_TOKENS = 16384
-
-
-class _Placeholder:
-    """A contiguous tensor's dtype, shape and strides at address 0 (16-byte aligned, as the
-    caching allocator's are), standing in for a real tensor in Triton's ``warmup``."""
-
-    def __init__(self, dtype: torch.dtype, shape: tuple) -> None:
-        self.dtype, self.shape = dtype, shape
-        strides, step = [], 1
-        for size in reversed(shape):
-            strides.append(step)
-            step *= size
-        self._strides = tuple(reversed(strides))
-
-    def stride(self, dim: int | None = None):
-        return self._strides if dim is None else self._strides[dim]
-
-    @staticmethod
-    def data_ptr() -> int:
-        return 0
-
-
-def _launches_at(T: int, H: int, device_index: int, rmsnorm: bool, dtype: torch.dtype) -> tuple:
-    """Both launches of a default-tiled call at ``T``, on placeholder tensors."""
-    cfg, ws_shape, warps = _plan.__wrapped__(T, H, device_index, rmsnorm, None, None, None,
-                                             dtype=dtype)
-    x = _Placeholder(dtype, (T, HC, H))
-    ws = _Placeholder(torch.float32, ws_shape)
-    param = _Placeholder(torch.float32, (HC, HC * H))
-    weight = _Placeholder(torch.float32, (H,)) if rmsnorm else None
-    return (_partials_launch(x, param, ws, cfg, rmsnorm, warps[0]),
-            _finalize_launch(x, ws, param, param, weight, _Placeholder(dtype, (T, H)), 1e-6, 1e-6,
-                             cfg, warps[1]))
-
-
-def _variant(launch) -> tuple:
-    """What Triton compiles a launch into: kernel, constexprs, options, and the
-    specialisation (== 1, divisible by 16) of each integer argument."""
-    cache, _, args, constexprs, options = launch
-    ints = tuple((a == 1, a % 16 == 0) for a in args if type(a) is int)
-    return cache.kernel, tuple(constexprs.items()), tuple(options.items()), ints
-
-
-def variant_tokens(H: int, device_index: int, rmsnorm: bool, dtype: torch.dtype,
-                   max_tokens: int = PRECOMPILE_MAX_TOKENS) -> list[int]:
-    """The smallest ``T`` of each distinct compiled variant that ``T = 1..max_tokens`` need."""
-    seen: dict = {}
-    for T in range(1, max_tokens + 1):
-        for launch in _launches_at(T, H, device_index, rmsnorm, dtype):
-            seen.setdefault(_variant(launch), T)
-    return sorted(set(seen.values()))
-
-
-def compiled_variants(device_index: int) -> int:
-    """How many variants of the hc_head kernels Triton holds compiled for ``device_index``."""
-    total = 0
-    for cache in (_PARTIALS, _PARTIALS_MMA, _FINALIZE):
-        caches = getattr(cache.kernel, "device_caches", {})
-        if device_index in caches:
-            total += len(caches[device_index][0])
-    return total
-
-
-def precompile(H: int, dtype: torch.dtype, device_index: int, *, rmsnorm: bool = False,
-               max_tokens: int = PRECOMPILE_MAX_TOKENS, threads: int = 8) -> int:
-    """Compile every kernel variant that :func:`hc_head_triton`'s default tiling needs for
-    ``x [T, 4, H]`` of ``dtype``, ``T = 1..max_tokens``, on CUDA device ``device_index``,
-    launching nothing (Triton's ``warmup`` on placeholder tensors). Compiles run on ``threads``
-    threads where this Triton has an asynchronous compile mode. Returns how many variants were
-    compiled (0 when all were already)."""
-    if device_index < 0:
-        return 0  # the interpreter compiles nothing
-    before = compiled_variants(device_index)
-    with torch.cuda.device(device_index), _async_compile(threads):
-        for T in variant_tokens(H, device_index, rmsnorm, dtype, max_tokens):
-            for cache, grid, args, constexprs, options in _launches_at(T, H, device_index,
-                                                                       rmsnorm, dtype):
-                cache.kernel.warmup(*args, grid=grid, **constexprs, **options)
-    return compiled_variants(device_index) - before
-
-
-def _async_compile(threads: int):
-    """Triton's asynchronous compile mode on a thread pool, where this Triton has it."""
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:
-        return contextlib.nullcontext()
-    if threads <= 1:
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def mode():
-        with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
-            yield
-
-    return mode()

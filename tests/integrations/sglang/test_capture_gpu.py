@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dsv4spec.integrations.sglang import hc_head as hooks
-from dsv4spec.kernels import hc_head as hc_head_kernels
+from dsv4spec.kernels import hc_head_precompile as hc_head_kernels
 
 from .conftest import DRAFT, ROLLBACK, TARGET
 from .test_hc_head import EPS, HC_EPS, NORM_EPS, assert_matches, make_inputs

@@ -35,7 +35,8 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
 )
 from dsv4spec.kernels import on_rocm, triton_runs_on
-from dsv4spec.kernels.hc_head import HC, PRECOMPILE_MAX_TOKENS, precompile
+from dsv4spec.kernels.hc_head import HC
+from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS, precompile
 from dsv4spec.ops import hc_head
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
