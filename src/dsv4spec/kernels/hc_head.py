@@ -35,10 +35,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
-
-# kernels/mhc.py imports these two planner queries from this module under these names
-from dsv4spec.kernels.hc_head_plan import num_sms as _num_sms  # noqa: F401
-from dsv4spec.kernels.hc_head_plan import supports_pdl as _supports_pdl  # noqa: F401
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 

@@ -36,7 +36,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels.hc_head import _num_sms, _round_to, _supports_pdl
+from dsv4spec.kernels.hc_head import _round_to
+from dsv4spec.kernels.hc_head_plan import num_sms, supports_pdl
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 
@@ -479,7 +480,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # 112 programs of 24.6 KB of fn each; H = 4096: 32 wide, 128 programs), every token block
     # in the same wave (T <= 32: <= 8-token blocks, <= 448 programs). Larger T: 16-token blocks
     # and ~4 programs per SM, each looping over a run of chunks (fn from L2 per block).
-    # hc_head's shapes (its _hc_head_config), scaled to fn's 24 rows.
+    # hc_head's shapes (its hc_head_config), scaled to fn's 24 rows.
     small = T <= 32
     if block_t is None:
         block_t = min(triton.next_power_of_2(T), 8) if small else 16
@@ -496,8 +497,8 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     if warps is None:
         warps = (4, 1)  # the finalize's reductions stay in-warp shuffles with one warp
     if pdl is None:
-        pdl = T <= PDL_MAX_TOKENS and _supports_pdl(device_index)
-    elif pdl and not _supports_pdl(device_index):
+        pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
+    elif pdl and not supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    pdl)
@@ -505,7 +506,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
 
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, **overrides) -> _Config:
-    return _config(T, H, _num_sms(device_index), device_index=device_index, **overrides)
+    return _config(T, H, num_sms(device_index), device_index=device_index, **overrides)
 
 
 # The partials' fp32 workspace, reused per (stream, shape) by eager calls: launch 1 rewrites every
