@@ -33,10 +33,10 @@ def test_demo_fused_and_loop_equal_reference(capsys, monkeypatch):
 def test_every_benchmark_without_cuda_fails_clearly_with_one_exit_status(name, capsys, tmp_path):
     out_dir = tmp_path / "results"
     rc = main(["bench", name, "--out", str(out_dir)])
-    out = capsys.readouterr().out
+    out = capsys.readouterr()
     assert rc == EXIT_USAGE == 2
-    assert f"bench {name} needs a CUDA GPU" in out
-    assert not out_dir.exists(), "no results may be written without a GPU"
+    assert f"bench {name} needs a CUDA GPU" in out.err and "\n" not in out.err.strip()
+    assert not out.out and not out_dir.exists(), "no results may be written without a GPU"
 
 
 def test_help_lists_every_command_and_benchmark_with_its_summary(capsys):
@@ -51,3 +51,33 @@ def test_help_lists_every_command_and_benchmark_with_its_summary(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "no-such-benchmark"])
     assert exit_.value.code == EXIT_USAGE
+
+
+def test_train_tiny_one_step_writes_a_checkpoint_that_generate_reads(tmp_path, capsys,
+                                                                     monkeypatch):
+    from dsv4spec.engine.train_tiny import check_out
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train-tiny", "--steps", "1", "--batch-size", "2", "--seq-len", "16"]
+    assert main(argv) == 0
+    out = tmp_path / "dsv4spec-tiny.safetensors"  # the default: the working directory
+    assert out.is_file() and "trained 1 step" in capsys.readouterr().out
+    stamp = out.stat().st_mtime_ns
+    assert main(argv) == EXIT_USAGE  # exists: not replaced without --force
+    assert "exists; pass --force" in capsys.readouterr().err and out.stat().st_mtime_ns == stamp
+    check_out(out, force=True)  # --force: replaced
+    assert main(["generate", "--prompt", "def ", "--max-new-tokens", "3", "--json",
+                 "--device", "cpu", "--checkpoint", str(out)]) == 0
+
+
+def test_short_training_runs_have_a_schedule_at_every_length():
+    from dsv4spec.engine.train import schedule
+
+    for steps in range(1, 61):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.AdamW([p], lr=1e-3)
+        sched = schedule(opt, 1e-3, steps)
+        for _ in range(steps):
+            opt.step()
+            sched.step()
+            assert 0 < opt.param_groups[0]["lr"] <= 1e-3 * (1 + 1e-9), steps

@@ -1,8 +1,8 @@
 """Layers import only downward: every ``import`` in ``src/dsv4spec`` (module level or inside a
 function) names a module of its own unit or of a lower layer.
 
-``capture, timing, plot -> kernels -> ops -> cache -> model -> engine -> integrations -> demo,
-bench -> cli``. A unit is a subpackage or top-level module (``dsv4spec.bench``,
+``capture, timing, plot, usage -> kernels -> ops -> cache -> model -> engine -> integrations ->
+demo, bench -> cli -> __main__``. A unit is a subpackage or top-level module (``dsv4spec.bench``,
 ``dsv4spec.capture``); units of one layer do not import each other. The benchmarks are a leaf: they
 measure everything below them, the SGLang plugin included.
 """
@@ -15,7 +15,7 @@ import dsv4spec
 PACKAGE = Path(dsv4spec.__file__).parent
 
 LAYERS = [
-    {"capture", "timing", "plot"},  # helpers that need only torch / triton / matplotlib
+    {"capture", "timing", "plot", "usage"},  # helpers: only torch / triton / matplotlib
     {"kernels"},
     {"ops"},
     {"cache"},
@@ -24,6 +24,7 @@ LAYERS = [
     {"integrations"},  # engine plugins: adapters over ops/ (and capture) for a serving engine
     {"demo", "bench"},  # leaves: the demo and the benchmarks
     {"cli"},
+    {"__main__"},  # `python -m dsv4spec`: the command
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from dsv4spec import __version__
+from dsv4spec.usage import UsageError
 
 # Every command is a module with add_arguments(parser) and main(args) -> exit status; its help
 # is the first paragraph of the module's docstring. Only the module of the command asked for is
@@ -17,10 +21,33 @@ BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_c
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc",
               "plugin": "plugin"}
 
-EXIT_FAILED = 1  # a run whose outputs differ from the reference (the demo's comparison)
-EXIT_USAGE = 2  # bad arguments, or a benchmark without a CUDA GPU
-EPILOG = (f"exit status: 0 success; {EXIT_FAILED} outputs differ from the reference; "
-          f"{EXIT_USAGE} bad arguments, or `bench` without a CUDA GPU (nothing is written then)")
+EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
+EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
+EPILOG = (f"exit status: 0 success; {EXIT_FAILED} a failure at run time (the demo: outputs "
+          f"differ from the reference); {EXIT_USAGE} a bad argument, or `bench` without a CUDA "
+          f"GPU (one line on stderr, nothing written). --debug or DSV4SPEC_DEBUG=1: tracebacks")
+DEBUG_ENV = "DSV4SPEC_DEBUG"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line: ``<prog>: error: <message> (see <prog> --help)``."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Docstrings as written; every option's default after its help, unless the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text or action.default is None
+                or action.default is False or action.default is argparse.SUPPRESS):
+            return text
+        default = action.default
+        if isinstance(default, (list, tuple)):
+            default = " ".join(str(d) for d in default)
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
 def _summary(module) -> str:
@@ -37,16 +64,25 @@ def _register(sub, table: dict[str, str], chosen: str | None, extra=None) -> Non
             sub.add_parser(name)  # listed, not imported
             continue
         mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=_summary(mod), description=mod.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=_summary(mod), description=mod.__doc__, epilog=EPILOG,
+                           formatter_class=_Formatter)
+        _debug_option(p, argparse.SUPPRESS)
         if extra is not None:
             extra(p)
         mod.add_arguments(p)
         p.set_defaults(run=mod.main)
 
 
+def _debug_option(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--debug", action="store_true", default=default,
+                   help=f"show the traceback of an error (also: {DEBUG_ENV}=1)")
+
+
 def _bench_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="benchmarks/results", help="results folder")
+    p.add_argument("--out", default="dsv4spec-results",
+                   help="results folder, created if absent; files of the same name in it are "
+                   "replaced (default: dsv4spec-results in the working directory; the "
+                   "repository's committed results are in benchmarks/results)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
 
 
@@ -54,26 +90,66 @@ def _word(argv: list[str], i: int) -> str | None:
     return argv[i] if len(argv) > i and not argv[i].startswith("-") else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    command = _word(argv, 0)
-    parser = argparse.ArgumentParser(prog="dsv4spec", description=__doc__, epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: only the module of the command (and benchmark) it names is
+    imported; every module when ``argv`` is None (help, tests)."""
+    command = None if argv is None else _word(argv, 0)
+    parser = _Parser(prog="dsv4spec", description=__doc__, epilog=EPILOG,
+                     formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"dsv4spec {__version__}")
+    _debug_option(parser, False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # None: help, import every command; "" (bench, or a name argparse will refuse): none
     _register(sub, COMMANDS, command if command in COMMANDS or command is None else "")
-    bench = sub.add_parser("bench", help="run a benchmark (needs a CUDA GPU)", epilog=EPILOG)
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    chosen = _word(argv, 1) if command == "bench" else ""
+    bench = sub.add_parser("bench", help="run a benchmark (needs a CUDA GPU)", epilog=EPILOG,
+                           formatter_class=_Formatter)
+    _debug_option(bench, argparse.SUPPRESS)
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    chosen = None if argv is None else _word(argv, 1) if command == "bench" else ""
     _register(bench_sub, {k: f"dsv4spec.bench.{m}" for k, m in BENCHMARKS.items()}, chosen,
               _bench_options)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
+    prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     if args.command == "bench":
         import torch
 
         if not torch.cuda.is_available():
-            print(f"bench {args.bench} needs a CUDA GPU")
+            print(f"{prog}: error: bench {args.bench} needs a CUDA GPU (none visible); nothing "
+                  f"was written", file=sys.stderr)
             return EXIT_USAGE
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        if debug:
+            raise
+        print(f"{prog}: error: argument {e.argument}: {_one_line(e)} (see {prog} --help)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for the user; --debug shows the traceback
+        if debug:
+            raise
+        if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
+            what = f"out of memory ({_one_line(e)})" if str(e) else "out of memory"
+        else:
+            what = f"{type(e).__name__}: {_one_line(e)}"
+        print(f"{prog}: error: {what} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ COLUMNS = ["dtype", "states", "batch", "draft", "accept", "loop_eager_us", "fuse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", choices=list(DTYPES), nargs="+", default=list(DTYPES))
+    parser.add_argument("--dtype", choices=list(DTYPES), nargs="+", default=list(DTYPES),
+                        help="state dtypes to time")
     parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[],
                         help="also time SGLang's per-layer kernel (loaded from its installed "
                              "source or DSV4SPEC_SGLANG_ROOT)")

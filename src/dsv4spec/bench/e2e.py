@@ -47,13 +47,20 @@ GREEDY_COLUMNS = ["preset", "dtype", "batch", "decode_step_ms", "decode_graph_us
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--presets", nargs="+", default=["pro-shape", "flash-shape"])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--presets", nargs="+", default=["pro-shape", "flash-shape"],
+                        choices=["pro-shape", "flash-shape", "tiny"],
+                        help="model shapes (random weights)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128],
+                        help="batch sizes")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                        help="engine configurations: SGLang's arrangement, the rollback loop "
+                             "inside the graph, fused after, fused inside with the draft "
+                             "hc_head eager / compiled, all on")
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens per request")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="model dtype")
     parser.add_argument("--name", default="e2e", help="results file stem")
 
 

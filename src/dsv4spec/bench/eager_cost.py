@@ -36,9 +36,12 @@ COLUMNS = ["what", "T", "median_us", "p20_us", "p80_us", "host_us"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 64, 1024])
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 64, 1024],
+                        help="hc_head token counts T")
+    parser.add_argument("--hidden", type=int, default=7168, help="hc_head hidden size H")
+    parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[],
+                        help="also time SGLang's kernels (loaded from its installed source or "
+                             "DSV4SPEC_SGLANG_ROOT)")
 
 
 @triton.jit

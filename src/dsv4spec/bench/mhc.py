@@ -65,9 +65,10 @@ PROVIDER_COLUMNS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS), help="hidden sizes")
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
-    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS),
+                        help="mHC ops to time")
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS),
-                        choices=list(PROVIDERS))
+                        choices=list(PROVIDERS), help="implementations to time")
     parser.add_argument("--no-norm", action="store_true",
                         help="pre without the fused RMSNorm of the layer input (DSV4's "
                              "boundaries fuse it, the default)")

@@ -25,11 +25,14 @@ COLUMNS = ["preset", "batch", "W", "graph_us", "eager_us", "kernels_eager", "ker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="pro-shape")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--preset", default="pro-shape", choices=["pro-shape", "flash-shape",
+                                                                  "tiny"],
+                        help="model shape (random weights, bf16)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes")
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 4],
                         help="tokens per request: 1 = decode, W > 1 = verify")
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--context", type=int, default=256,
+                        help="tokens already in each request's state")
 
 
 def main(args: argparse.Namespace) -> int:

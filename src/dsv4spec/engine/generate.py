@@ -24,6 +24,10 @@ from dsv4spec.model.model import Transformer
 from dsv4spec.ops.hc_head import IMPLS as HC_HEAD_IMPLS
 
 ROLLBACKS = ("fused", "loop", "none")
+# The widest speculative step: W = 8 fills one block of the overlapping (ratio-4) compressor's
+# ring, which holds two blocks under speculation (SGLang's 16 rows), and is the C128 rollback's
+# default max_num_draft_tokens; the engine's tests cover W = 2..8.
+MAX_NUM_DRAFT_TOKENS = 8
 
 
 @dataclass
@@ -61,7 +65,8 @@ def _pad(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
 class Engine:
     """Greedy generation over a :class:`Transformer` with per-request slots.
 
-    ``num_draft_tokens`` ``W`` >= 2 turns on speculative decoding (0 or 1: plain greedy).
+    ``num_draft_tokens`` ``W`` in ``[2, MAX_NUM_DRAFT_TOKENS]`` turns on speculative decoding (0 or
+    1: plain greedy).
     ``rollback`` selects the C128 rollback after each verify: ``"fused"`` (one launch),
     ``"loop"`` (one launch per layer) or ``"none"`` (outputs do not change; state does), run
     inside the device-side verify step (``rollback_in_verify=True``, so inside its graph) or after
@@ -79,6 +84,9 @@ class Engine:
                  cuda_graphs: bool = False) -> None:
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
+        if not 0 <= num_draft_tokens <= MAX_NUM_DRAFT_TOKENS:
+            raise ValueError(f"num_draft_tokens must lie in [0, {MAX_NUM_DRAFT_TOKENS}] (0 or 1: "
+                             f"plain greedy), got {num_draft_tokens}")
         if num_draft_tokens >= 2 and not model.mtp:
             raise ValueError("num_draft_tokens >= 2 needs a model with an MTP block")
         self.model = model

@@ -56,8 +56,7 @@ def train(steps: int, batch_size: int, seq_len: int, lr: float, seed: int = 0,
     model = build_model(preset, seed=seed, trainable=True)
     model.hc_head_impl = "eager"  # the fused kernel has no backward
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
-                                                pct_start=0.05)
+    sched = schedule(opt, lr, steps)
     g = torch.Generator().manual_seed(seed)
     history = []
     bar = _progress(steps) if progress else None
@@ -77,6 +76,21 @@ def train(steps: int, batch_size: int, seq_len: int, lr: float, seed: int = 0,
     if bar is not None:
         bar.close()
     return model.requires_grad_(False), history
+
+
+def schedule(opt: torch.optim.Optimizer, lr: float, steps: int):
+    """The learning rate over ``steps >= 1`` steps: a one-cycle schedule (5 % warm-up to ``lr``,
+    cosine down) from 40 steps on, where the warm-up spans at least two steps; a constant ``lr``
+    for shorter runs (OneCycleLR divides by the warm-up's length less one step: 20 steps raise
+    ZeroDivisionError, fewer make it negative)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if steps >= 40:
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
+                                                   pct_start=0.05)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
 
 
 def _progress(total: int):

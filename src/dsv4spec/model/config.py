@@ -57,6 +57,7 @@ class ModelConfig:
     compress_rope_theta: float = 160000.0
     rope_scaling: YarnScaling | None = field(default_factory=YarnScaling)
     num_nextn_predict_layers: int = 1
+    max_position_embeddings: int = 1048576  # the context: prompt plus generated tokens
     bos_token_id: int = 0
     eos_token_id: int = 1
 
@@ -64,7 +65,8 @@ class ModelConfig:
         object.__setattr__(self, "compress_ratios", tuple(self.compress_ratios))
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "q_lora_rank", "o_lora_rank", "o_groups", "intermediate_size", "head_dim",
-                    "qk_rope_head_dim", "sliding_window", "hc_mult", "hc_sinkhorn_iters")
+                    "qk_rope_head_dim", "sliding_window", "hc_mult", "hc_sinkhorn_iters",
+                    "max_position_embeddings")
         for key in positive:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

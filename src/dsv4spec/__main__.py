@@ -1,0 +1,5 @@
+"""``python -m dsv4spec``: the ``dsv4spec`` command."""
+
+from dsv4spec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""Every mistake a user can make on the command line: the exit status (2: a bad argument; 1: a
+failure at run time), one line on stderr that names the argument, no traceback, nothing written.
+
+The mistakes users reported run through the real command in a subprocess (``python -m
+dsv4spec``, about 2 s each for torch's import); the rest of argparse's own refusals run in this
+process through ``main``, the same code without the process around it."""
+
+import argparse
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dsv4spec.cli import build_parser, main
+from dsv4spec.engine.generate import MAX_NUM_DRAFT_TOKENS
+from dsv4spec.engine.run import needed_bytes
+from dsv4spec.model.build import TINY_CHECKPOINT, build_model
+from dsv4spec.model.config import preset
+
+CUDA = torch.cuda.is_available()
+GEN = ["generate", "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu"]
+
+
+def bad_checkpoints(folder):
+    """name -> path of each kind of checkpoint `generate --checkpoint` must refuse."""
+    tensors = load_file(str(TINY_CHECKPOINT))
+    paths = {"missing file": folder / "nosuch.safetensors", "directory": folder / "dir"}
+    paths["directory"].mkdir()
+    (folder / "random.safetensors").write_bytes(os.urandom(4096))
+    (folder / "text.safetensors").write_text("not a checkpoint\n" * 50)
+    (folder / "empty.safetensors").write_bytes(b"")
+    raw = TINY_CHECKPOINT.read_bytes()
+    (folder / "truncated.safetensors").write_bytes(raw[:len(raw) // 2])
+    for name in ("random", "text", "empty", "truncated"):
+        paths[name] = folder / f"{name}.safetensors"
+    edits = {
+        "missing tensor": lambda t: t.pop("embed.weight"),
+        "unexpected tensor": lambda t: t.update({"extra.weight": torch.zeros(2)}),
+        "wrong shape": lambda t: t.update({"norm.weight": torch.zeros(3)}),
+        "wrong dtype": lambda t: t.update({"norm.weight": torch.zeros(64, dtype=torch.int32)}),
+    }
+    for name, edit in edits.items():
+        edited = dict(tensors)
+        edit(edited)
+        paths[name] = folder / f"{name.replace(' ', '_')}.safetensors"
+        save_file(edited, str(paths[name]))
+    return paths
+
+
+def cases(folder):
+    """(id, argv, exit status, text the one line must contain); ids in IN_PROCESS run through
+    ``main`` in this process, the others in a subprocess."""
+    out = []
+    for name, path in bad_checkpoints(folder).items():
+        out.append((f"checkpoint: {name}", [*GEN, "--checkpoint", str(path)], 2,
+                    f"argument --checkpoint: checkpoint {path}"))
+    out.append(("checkpoint of another preset",
+                ["generate", "--prompt", "x", "--preset", "flash-shape", "--device", "cpu",
+                 "--checkpoint", str(TINY_CHECKPOINT)], 2, "argument --checkpoint: checkpoint"))
+    for value in ("0", "-1", "1.5"):
+        out.append((f"max-new-tokens {value}", [*GEN[:3], "--max-new-tokens", value], 2,
+                    "argument --max-new-tokens: must be an integer >= 1"))
+    out.append(("max-new-tokens past the context", [*GEN[:3], "--max-new-tokens", "100000000"],
+                2, "argument --max-new-tokens: must be <= "))
+    many = [a for _ in range(32) for a in ("--prompt", "x")]
+    out.append(("memory it cannot fit", ["generate", *many, "--preset", "pro-shape",
+                                         "--max-new-tokens", "1000000", "--device", "cpu"],
+                2, "argument --max-new-tokens: 1000000 new tokens"))
+    for value in ("0", "1", "-3", str(MAX_NUM_DRAFT_TOKENS + 1), "100"):
+        out.append((f"num-draft-tokens {value}", [*GEN, "--num-draft-tokens", value], 2,
+                    f"argument --num-draft-tokens: must be an integer in [2, "
+                    f"{MAX_NUM_DRAFT_TOKENS}]"))
+    out += [
+        ("empty prompt", ["generate", "--prompt", "", "--device", "cpu"], 2,
+         "argument --prompt: must not be empty"),
+        ("no prompt", ["generate"], 2, "--prompt"),
+        ("draft tokens and no-spec", [*GEN, "--num-draft-tokens", "3", "--no-spec"], 2,
+         "argument --no-spec: not allowed with argument --num-draft-tokens"),
+        ("preset nosuch", [*GEN, "--preset", "nosuch"], 2,
+         "argument --preset: invalid choice: 'nosuch' (choose from 'tiny', 'flash-shape', "
+         "'pro-shape')"),
+        ("dtype nosuch", [*GEN, "--dtype", "float8"], 2, "argument --dtype: invalid choice"),
+        ("device tpu", [*GEN[:-2], "--device", "tpu"], 2,
+         "argument --device: must be cpu, cuda or cuda:N, got 'tpu'"),
+        ("demo device tpu", ["demo", "--device", "tpu"], 2, "argument --device: must be cpu"),
+        ("train-tiny steps 0", ["train-tiny", "--steps", "0"], 2,
+         "argument --steps: must be an integer >= 1, got 0"),
+        ("train-tiny steps -5", ["train-tiny", "--steps", "-5"], 2, "argument --steps:"),
+        ("train-tiny batch-size 0", ["train-tiny", "--batch-size", "0"], 2,
+         "argument --batch-size: must be an integer >= 1"),
+        ("train-tiny lr 0", ["train-tiny", "--lr", "0"], 2, "argument --lr: must be a number > 0"),
+        ("train-tiny out is a directory", ["train-tiny", "--steps", "1", "--out", str(folder)],
+         2, f"argument --out: {folder} is a directory"),
+        ("train-tiny out exists", ["train-tiny", "--steps", "1", "--out",
+                                   str(folder / "text.safetensors")], 2,
+         "argument --out: " + str(folder / "text.safetensors") + " exists; pass --force"),
+        ("unknown command", ["nosuch"], 2, "argument COMMAND: invalid choice: 'nosuch'"),
+        ("no command", [], 2, "the following arguments are required: COMMAND"),
+        ("unknown benchmark", ["bench", "nosuch"], 2, "argument BENCHMARK: invalid choice"),
+        ("unknown option", ["generate", "--prompt", "x", "--nosuch"], 2,
+         "unrecognized arguments: --nosuch"),
+    ]
+    if not CUDA:
+        out += [
+            ("device cuda without CUDA", [*GEN[:-2], "--device", "cuda"], 2,
+             "argument --device: cuda asked for, but"),
+            ("demo device cuda without CUDA", ["demo", "--device", "cuda"], 2,
+             "argument --device: cuda asked for"),
+            ("cuda-graphs without CUDA", [*GEN[:-2], "--cuda-graphs"], 2,
+             "argument --cuda-graphs: needs a CUDA device"),
+            ("triton hc_head without CUDA", [*GEN, "--draft-hc-head-impl", "triton"], 2,
+             "argument --draft-hc-head-impl: triton needs a CUDA device"),
+            ("bench without CUDA", ["bench", "cleanup", "--quick"], 2,
+             "bench cleanup needs a CUDA GPU"),
+        ]
+    return out
+
+
+IN_PROCESS = {"max-new-tokens 1.5", "num-draft-tokens 0", f"num-draft-tokens "
+              f"{MAX_NUM_DRAFT_TOKENS + 1}", "no prompt", "draft tokens and no-spec",
+              "dtype nosuch", "demo device tpu", "train-tiny steps -5", "train-tiny batch-size 0",
+              "train-tiny lr 0", "train-tiny out is a directory", "unknown command",
+              "no command", "unknown benchmark", "unknown option", "demo device cuda without CUDA",
+              "checkpoint: truncated", "checkpoint: unexpected tensor"}
+
+
+def run_cli(argv, cwd, env=None):
+    env = {**os.environ, **(env or {})}
+    env.pop("TRITON_INTERPRET", None)  # a user's shell: no interpreter unless asked for
+    return subprocess.run([sys.executable, "-m", "dsv4spec", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def run_in_process(argv, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse
+        status = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out.out, out.err)
+
+
+def test_every_bad_input_gets_one_line_naming_the_argument(tmp_path, monkeypatch, capsys):
+    inputs, cwd = tmp_path / "inputs", tmp_path / "cwd"
+    inputs.mkdir()
+    cwd.mkdir()
+    table = cases(inputs)
+    assert {n for n in IN_PROCESS if "CUDA" not in n} <= {case[0] for case in table}
+    before = {p: p.stat().st_mtime_ns for p in inputs.rglob("*")}
+    packaged = {p: p.stat().st_mtime_ns for p in TINY_CHECKPOINT.parent.iterdir()}
+    results = {}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {case[0]: pool.submit(run_cli, case[1], cwd) for case in table
+                   if case[0] not in IN_PROCESS}
+        monkeypatch.chdir(cwd)
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        for name, argv, _, _ in table:
+            if name in IN_PROCESS:
+                results[name] = run_in_process(argv, capsys)
+        results.update({name: f.result() for name, f in futures.items()})
+    problems = []
+    for name, argv, status, text in table:
+        res = results[name]
+        err = res.stderr.strip()
+        if (res.returncode != status or "\n" in err or text not in err or "Traceback" in err
+                or res.stdout.strip()):
+            problems.append(f"{name}: {argv}\n  exit {res.returncode}, stdout "
+                            f"{res.stdout[-300:]!r}\n  stderr {res.stderr[-1500:]!r}")
+    assert not problems, "\n".join(problems)
+    assert list(cwd.iterdir()) == [], "a refused command wrote into the working directory"
+    assert {p: p.stat().st_mtime_ns for p in inputs.rglob("*")} == before
+    assert {p: p.stat().st_mtime_ns for p in TINY_CHECKPOINT.parent.iterdir()} == packaged
+
+
+def test_failures_at_run_time_are_one_line_with_status_1_and_debug_shows_the_traceback(
+        monkeypatch, capsys):
+    import dsv4spec.engine.run as run
+
+    def boom(args):
+        raise RuntimeError("the kernel failed\nsecond line of detail")
+
+    monkeypatch.setattr(run, "main", boom)
+    monkeypatch.delenv("DSV4SPEC_DEBUG", raising=False)
+    assert main(["generate", "--prompt", "x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("dsv4spec generate: error: RuntimeError: the kernel failed second line of "
+                   "detail (--debug shows the traceback)")
+    for argv, env in ((["--debug", "generate", "--prompt", "x"], None),
+                      (["generate", "--prompt", "x", "--debug"], None),
+                      (["generate", "--prompt", "x"], "1")):
+        if env:
+            monkeypatch.setenv("DSV4SPEC_DEBUG", env)
+        with pytest.raises(RuntimeError, match="the kernel failed"):
+            main(argv)
+
+
+def test_version_and_module_entry_point(tmp_path):
+    from dsv4spec import __version__
+
+    res = run_cli(["--version"], tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() == f"dsv4spec {__version__}"
+
+
+def test_every_option_has_help_and_choices_are_listed():
+    parser = build_parser()
+
+    def children(p):
+        return next((a.choices for a in p._actions
+                     if isinstance(a, argparse._SubParsersAction)), {})
+
+    missing, seen = [], 0
+    for name, sub in children(parser).items():
+        for bench, p in (children(sub).items() if name == "bench" else [(None, sub)]):
+            for action in p._actions:
+                if action.option_strings and action.help != argparse.SUPPRESS:
+                    seen += 1
+                    if not action.help:
+                        missing.append(f"{name} {bench or ''} {action.option_strings}")
+            help_text = " ".join(p.format_help().split())
+            if name == "generate":
+                assert "--preset {tiny,flash-shape,pro-shape}" in help_text
+                assert "(default: 64)" in help_text and "(default: tiny)" in help_text
+            if name == "train-tiny":
+                assert "(default: 1500)" in help_text and "2-4 s" in help_text
+            if name == "demo":
+                assert "rollback is timed on CUDA only" in help_text
+    assert seen > 50 and not missing, missing
+
+
+def test_memory_estimate_covers_the_state_the_engine_allocates():
+    cfg = preset("tiny")
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        model = build_model(cfg, dtype=dtype)
+        state = model.new_state(3, 500, 4)
+        tensors = {id(t): t for t in [*state.window, *state.rows, *state.entries,
+                                      *state.c128.states] if t is not None}
+        allocated = sum(t.numel() * t.element_size() for t in tensors.values())
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert needed_bytes(cfg, dtype, 3, 500, 4) >= allocated + params
