@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==3.6.0
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m pip install -q --no-deps sglang==0.5.23
+	$(PY) -m pip install -q orjson psutil pybase64 requests starlette msgspec pydantic pyzmq ipython aiohttp
 	touch $@
 
 setup: $(VENV)/.installed
