@@ -58,6 +58,13 @@ def raising(make_error, calls):
     return fail
 
 
+def hooked_model(sgl, which):
+    """The stand-in draft or target model (large, distinct epsilons) and its hook target."""
+    if which == "draft":
+        return sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS), DRAFT
+    return sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS), TARGET
+
+
 def installed_hook(sgl, target) -> GuardedHook:
     hooks_ = [entry[1] for entry in sgl.registry._hooks[target]]
     assert len(hooks_) == 1 and isinstance(hooks_[0], GuardedHook)
@@ -71,10 +78,7 @@ def test_hc_head_hook_failure_runs_sglang_and_switches_the_hook_off(
     calls = []
     monkeypatch.setattr(hooks, "hc_head", raising(make_error, calls))
     sgl.install()
-    if which == "draft":
-        model, target = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS), DRAFT
-    else:
-        model, target = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS), TARGET
+    model, target = hooked_model(sgl, which)
     inputs = make_inputs(3, 40, torch.bfloat16)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         first = model.hc_head(*inputs)
@@ -144,10 +148,7 @@ def test_sglang_index_dtypes_take_the_fused_path(sgl):
 @pytest.mark.parametrize("which", ["draft", "target"])
 def test_parameter_weights_take_the_fast_path(sgl, measured_table, which):
     sgl.install()
-    if which == "draft":
-        model, target = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS), DRAFT
-    else:
-        model, target = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS), TARGET
+    model, target = hooked_model(sgl, which)
     x, *weights = make_inputs(3, 40, torch.bfloat16)
     params = [torch.nn.Parameter(w, requires_grad=False) for w in weights]
     y = model.hc_head(x, *params)
@@ -181,10 +182,7 @@ STEP_ASIDE_CASES = [
 def test_hc_head_hooks_step_aside(sgl, monkeypatch, measured_table, setup, which):
     setup(monkeypatch)
     sgl.install()
-    if which == "draft":
-        model, target = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS), DRAFT
-    else:
-        model, target = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS), TARGET
+    model, target = hooked_model(sgl, which)
     inputs = make_inputs(3, 40, torch.bfloat16)
     y = model.hc_head(*inputs)
     assert sgl.originals[target].calls == 1

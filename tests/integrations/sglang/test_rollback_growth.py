@@ -15,6 +15,7 @@ from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 from . import standins
 from .conftest import ROLLBACK
 from .standins import DEVICE, CompressStatePool
+from .test_rollback import buffers, expected
 
 # A ring longer than the largest draft count here, so every rejected row is a distinct row.
 RING, HALF, SLOTS = 2 * (rollback.MIN_MAX_DRAFT_TOKENS + 4), 4, 3
@@ -33,22 +34,6 @@ def kv_pool(sgl):
         state = torch.randn(ROWS, 2 * HALF, generator=g).to(DEVICE)  # finite poison everywhere
         pools.append(CompressStatePool(ratio, RING, state))
     return sgl.pool.DeepSeekV4TokenToKVPool(pools)
-
-
-def buffers(pool):
-    return [p.kv_score_buffer.kv_score for p in pool.compress_state_pools if p is not None]
-
-
-def expected(pool, idx, seq, acc, num_draft, kernel):
-    out = []
-    for p in pool.compress_state_pools:
-        if p is None:
-            continue
-        t = p.kv_score_buffer.kv_score.clone()
-        if p.ratio == 128:
-            kernel(t, idx, seq, acc, ring_size=p.ring_size, num_draft_tokens=num_draft)
-        out.append(t)
-    return out
 
 
 def hooked_call(pool, rows, num_draft):
