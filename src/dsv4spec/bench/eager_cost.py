@@ -57,9 +57,6 @@ def _without_cache(fn):
 
 
 def main(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("eager-cost benchmark needs a CUDA GPU")
-        return 1
     env = common.environment()
     peer = (common.sglang_peer("kernels/ops/layernorm/mhc_head.py")
             if "sglang" in args.peer else None)

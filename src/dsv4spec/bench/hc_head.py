@@ -177,9 +177,6 @@ def plot(rows: list[dict], path) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("hc-head benchmark needs a CUDA GPU")
-        return 1
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
     rep_ms = 10 if args.quick else 30
     env = common.environment()

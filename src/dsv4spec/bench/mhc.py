@@ -343,9 +343,6 @@ def write(args, name: str, record: dict, rows: list[dict], failures: list[str],
 
 
 def main(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("mhc benchmark needs a CUDA GPU")
-        return 1
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
     rep_ms = 10 if args.quick else 20
     repeats = 5 if args.quick else 11
