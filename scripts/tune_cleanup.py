@@ -3,23 +3,19 @@
 import sys
 
 import torch
-import triton
 
 from dsv4spec.bench.cleanup import Case
 from dsv4spec.bench.common import time_in_graph
-from dsv4spec.kernels.c128_cleanup import _TRITON_DTYPES, _c128_cleanup_fused_kernel
+from dsv4spec.kernels.c128_cleanup import c128_cleanup_fused_triton_tiled
 
 GEOMETRIES = [(31, 1, 4), (31, 8, 4), (31, 64, 8), (31, 256, 8)]
 
 
 def launch(case: Case, half_block: int, num_warps: int) -> None:
     f = case.fused
-    draft_block = triton.next_power_of_2(case.num_draft)
-    n_col = triton.cdiv(f.half, half_block)
-    _c128_cleanup_fused_kernel[(case.idx.shape[0], f.num_states * n_col)](
-        f.table, case.idx, case.seq, case.acc, f.num_rows, case.num_draft,
-        DTYPE=_TRITON_DTYPES[f.dtype], HALF=f.half, RING=f.ring_size, N_COL_BLOCKS=n_col,
-        DRAFT_BLOCK=draft_block, HALF_BLOCK=half_block, num_warps=num_warps)
+    c128_cleanup_fused_triton_tiled(
+        f.table, f.dtype, f.num_states, f.num_rows, f.half, f.ring_size, case.idx, case.seq,
+        case.acc, case.num_draft, half_block=half_block, num_warps=num_warps)
 
 
 def main() -> None:

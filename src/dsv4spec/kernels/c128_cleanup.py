@@ -148,6 +148,21 @@ def c128_cleanup_fused_precompile(
                 HALF_BLOCK=half_block, num_warps=cleanup_num_warps(batch))
 
 
+def c128_cleanup_fused_triton_tiled(
+    table: torch.Tensor, dtype: torch.dtype, num_states: int, num_rows: int, half: int,
+    ring_size: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    accept_lens: torch.Tensor, num_draft_tokens: int, *, half_block: int, num_warps: int,
+) -> None:
+    """:func:`c128_cleanup_fused_triton` on an explicit tile (``half_block`` columns of each half
+    per program, ``num_warps``), through Triton's own launch path. For tuning scripts."""
+    n_col = triton.cdiv(half, half_block)
+    _c128_cleanup_fused_kernel[(req_pool_indices.shape[0], num_states * n_col)](
+        table, req_pool_indices, seq_lens, accept_lens, num_rows, num_draft_tokens,
+        DTYPE=_TRITON_DTYPES[dtype], HALF=half, RING=ring_size, N_COL_BLOCKS=n_col,
+        DRAFT_BLOCK=triton.next_power_of_2(max(num_draft_tokens, 1)), HALF_BLOCK=half_block,
+        num_warps=num_warps)
+
+
 def c128_cleanup_triton(
     state: torch.Tensor, ring_size: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     accept_lens: torch.Tensor, num_draft_tokens: int,
