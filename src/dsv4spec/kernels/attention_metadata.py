@@ -1,0 +1,173 @@
+"""Triton device code for DeepSeek-V4 attention metadata bounded by each row's live length.
+
+Two per-step metadata builders of SGLang's DSV4 attention backend write tables as wide as the
+pool's whole context whatever a request holds: the page table (one column per page of capacity,
+4,096 at 1M tokens and 256-token pages) and the C128 page indices (``page_size // 128`` entries per
+column). These kernels compute the same values, but each row writes only the columns its live
+length can reach plus a fixed slack; the rest of the row is left as allocated.
+
+Written extent of row ``r`` (``seq_len = seq_lens[r]``), everything else untouched:
+
+- page table: columns ``[0, min(num_pages, cdiv(max(seq_len, 0), page_size) + PAGE_TABLE_SLACK))``,
+  each ``req_to_token[req_pool[r], column * page_size] // page_size``;
+- C128 page indices: entries ``[0, min(width, round_up(max(seq_len // 128, 1), C128_BLOCK)
+  + C128_SLACK))``, ``page_table[r, j // cps] * cps + j % cps`` below ``seq_len // 128`` and -1
+  above it (``cps = page_size // 128``).
+
+The slack covers consumers that read a tile past their valid count (FlashMLA reads sparse indices
+in blocks of 64, the indexer's paged logits read the block table per split); see
+``dsv4spec.ops.attention_metadata`` for the consumer-by-consumer argument.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Page-table columns written past the last live page of a row.
+PAGE_TABLE_SLACK = 16
+# FlashMLA's sparse-decode block of indices; the C128 extent is rounded up to it ...
+C128_BLOCK = 64
+# ... and extended by this many entries.
+C128_SLACK = 64
+# Vector widths (elements per loop step). One step covers 128 pages (32K tokens at 256 per page).
+PAGE_BLOCK = 128
+C128_INDEX_BLOCK = 256
+
+
+@triton.jit
+def _page_table_positions_live_kernel(
+    req_to_token, req_pool, seq_lens, seq_lens_out, positions_out, page_table, swa_lengths_out,
+    req_to_token_stride, num_pages, page_size, swa_window,
+    SLACK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    seq_len = tl.load(seq_lens + row).to(tl.int32)
+    tl.store(seq_lens_out + row, seq_len)
+    tl.store(positions_out + row, seq_len - 1)
+    tl.store(swa_lengths_out + row, tl.minimum(seq_len, swa_window))
+
+    # Columns this row's tokens [0, seq_len) occupy, plus the slack, within the table.
+    live_pages = (tl.maximum(seq_len, 0) + page_size - 1) // page_size
+    extent = tl.minimum(live_pages + SLACK, num_pages)
+    slot = tl.load(req_pool + row).to(tl.int64)
+    src = req_to_token + slot * req_to_token_stride
+    dst = page_table + row.to(tl.int64) * num_pages
+    for start in range(0, extent, BLOCK):
+        column = start + tl.arange(0, BLOCK)
+        inside = column < extent
+        token = tl.load(src + column.to(tl.int64) * page_size, mask=inside, other=0).to(tl.int32)
+        tl.store(dst + column, token // page_size, mask=inside)
+
+
+def page_table_positions_triton(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    num_pages: int, page_size: int, swa_window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch: ``(seq_lens int32 [R], positions int32 [R], page_table int32 [R, num_pages],
+    swa_lengths int32 [R])``; the page table written to each row's extent only.
+
+    Inputs are checked by :func:`dsv4spec.ops.build_page_table_positions`; ``req_to_token``'s
+    rows may be strided, its columns must be contiguous.
+    """
+    rows = seq_lens.shape[0]
+    device = seq_lens.device
+    int32 = {"dtype": torch.int32, "device": device}
+    seq_lens_out = torch.empty(rows, **int32)
+    positions = torch.empty(rows, **int32)
+    page_table = torch.empty((rows, num_pages), **int32)
+    swa_lengths = torch.empty(rows, **int32)
+    if rows:
+        _page_table_positions_live_kernel[(rows,)](
+            req_to_token, req_pool_indices, seq_lens, seq_lens_out, positions, page_table,
+            swa_lengths, req_to_token.stride(0), num_pages, page_size, swa_window,
+            SLACK=PAGE_TABLE_SLACK, BLOCK=PAGE_BLOCK,
+        )
+    return seq_lens_out, positions, page_table, swa_lengths
+
+
+# num_write_rows changes with the batch: not specialised, so a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["num_write_rows"])
+def _compressed_attn_metadata_live_kernel(
+    seq_lens, positions, raw_out_loc, page_table,
+    c4_out_loc, c4_positions, c4_lengths, c4_lengths_clamp1,
+    c128_out_loc, c128_positions, c128_lengths, c128_lengths_clamp1, c128_page_indices,
+    num_write_rows, max_pages, width,
+    PAGE_ENTRIES: tl.constexpr, SLACK: tl.constexpr, ALIGN: tl.constexpr, BLOCK: tl.constexpr,
+    PAGE_INDICES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    seq_len = tl.load(seq_lens + row)
+    position = tl.load(positions + row)
+    # Rows past raw_out_loc (context-parallel padding) have no cache write.
+    writes = row < num_write_rows
+    out_loc = tl.load(raw_out_loc + row, mask=writes, other=0)
+
+    # A compressed entry is written when the row completes a group of 4 (resp. 128) tokens.
+    tl.store(c4_out_loc + row, tl.where((seq_len % 4) == 0, out_loc // 4, 0), mask=writes)
+    tl.store(c4_positions + row, position & (~3))
+    c4_len = seq_len // 4
+    tl.store(c4_lengths + row, c4_len)
+    tl.store(c4_lengths_clamp1 + row, tl.maximum(c4_len, 1))
+
+    tl.store(c128_out_loc + row, tl.where((seq_len % 128) == 0, out_loc // 128, 0), mask=writes)
+    tl.store(c128_positions + row, position & (~127))
+    c128_len = seq_len // 128
+    tl.store(c128_lengths + row, c128_len)
+    tl.store(c128_lengths_clamp1 + row, tl.maximum(c128_len, 1))
+
+    if PAGE_INDICES:
+        # Entries a block-wise reader can reach: the valid count (at least one, as the
+        # attention's length is clamped to 1) rounded up to the reader's block, plus the slack.
+        reach = (tl.maximum(c128_len, 1) + ALIGN - 1) // ALIGN * ALIGN
+        extent = tl.minimum(reach + SLACK, width)
+        dst = c128_page_indices + row.to(tl.int64) * width
+        table = page_table + row.to(tl.int64) * max_pages
+        for start in range(0, extent, BLOCK):
+            entry = start + tl.arange(0, BLOCK)
+            valid = entry < c128_len
+            page = tl.load(table + entry // PAGE_ENTRIES, mask=valid, other=0)
+            index = page * PAGE_ENTRIES + entry % PAGE_ENTRIES
+            tl.store(dst + entry, tl.where(valid, index, -1), mask=entry < extent)
+
+
+def compressed_attn_metadata_triton(
+    seq_lens: torch.Tensor, positions: torch.Tensor, raw_out_loc: torch.Tensor,
+    page_table: torch.Tensor | None, page_size: int, compute_page_indices: bool,
+) -> tuple[torch.Tensor, ...]:
+    """Launch: SGLang's nine outputs ``(c4_out_loc int64 [W], c4_positions, c4_lengths,
+    c4_lengths_clamp1, c128_out_loc int64 [W], c128_positions, c128_lengths, c128_lengths_clamp1
+    (int32 [R]), c128_page_indices int32 [R, (page_size // 128) * max_pages] or None)``, the page
+    indices written to each row's extent only. ``W = raw_out_loc.shape[0] <= R``.
+
+    Inputs are checked by :func:`dsv4spec.ops.init_compressed_attn_metadata`; ``page_table`` must
+    be contiguous when page indices are computed (its row stride is taken as its width).
+    """
+    rows = seq_lens.shape[0]
+    write_rows = raw_out_loc.shape[0]
+    device = seq_lens.device
+    int32 = {"dtype": torch.int32, "device": device}
+    c4_out_loc = torch.empty(write_rows, dtype=torch.int64, device=device)
+    c4 = [torch.empty(rows, **int32) for _ in range(3)]
+    c128_out_loc = torch.empty(write_rows, dtype=torch.int64, device=device)
+    c128 = [torch.empty(rows, **int32) for _ in range(3)]
+    if compute_page_indices:
+        max_pages = page_table.shape[1]
+        page_entries = page_size // 128
+        width = page_entries * max_pages
+        page_indices = torch.empty((rows, width), **int32)
+        table, indices_arg = page_table, page_indices
+    else:
+        max_pages, page_entries, width = 0, 1, 0
+        page_indices = None
+        # Never read (PAGE_INDICES is off): any int32 tensor of the device will do.
+        table = indices_arg = c4[0]
+    if rows:
+        _compressed_attn_metadata_live_kernel[(rows,)](
+            seq_lens, positions, raw_out_loc, table, c4_out_loc, *c4, c128_out_loc, *c128,
+            indices_arg, write_rows, max_pages, width,
+            PAGE_ENTRIES=page_entries, SLACK=C128_SLACK, ALIGN=C128_BLOCK,
+            BLOCK=C128_INDEX_BLOCK, PAGE_INDICES=compute_page_indices,
+        )
+    return (c4_out_loc, *c4, c128_out_loc, *c128, page_indices)

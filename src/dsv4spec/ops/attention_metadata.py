@@ -1,0 +1,320 @@
+"""DeepSeek-V4 attention metadata bounded by the live length: SGLang 0.5.23's page-table and
+compressed-attention metadata builders, same values, without the full-context loops.
+
+SGLang's DSV4 backend builds, per forward of the target-verify graph and of each draft-decode
+step, a page table ``[rows, cdiv(max_seq_len, page_size)]`` and C128 page indices
+``[rows, (page_size // 128) * num_pages]`` over the pool's whole context (``max_seq_len`` is
+``req_to_token.shape[1]``, 1M tokens: 4,096 columns), whatever each request holds. The ops here
+return tensors of the same shapes and dtypes whose values equal SGLang's everywhere a consumer
+reads them; each row's table is written only up to its extent (:func:`page_table_extent`,
+:func:`c128_index_extent`), the rest is left as allocated.
+
+Why nothing reads past the extent (SGLang 0.5.23, SM90 target-verify and draft-decode paths):
+
+- page table: read by (1) the C128 page-index builder, at columns ``j // (page_size // 128)`` for
+  ``j < seq_len // 128`` only (SGLang's kernel loads further columns and discards them with its
+  ``where``; ours does not load them), i.e. below ``cdiv(seq_len, page_size)``; (2) the C4
+  indexer (``PagedIndexerMetadata.page_table``): DeepGEMM's paged MQA logits read the block table
+  for compressed positions below ``c4_topk_lengths_raw = seq_len // 4``, in splits of a few
+  64-entry blocks, and the top-k transform maps selected positions, all below that length; one
+  column holds 64 compressed positions, so the reads stay within ``cdiv(seq_len, page_size)``
+  columns plus a split's rounding, which :data:`~dsv4spec.kernels.attention_metadata.
+  PAGE_TABLE_SLACK` columns cover; (3) ``max_seq_len`` properties, ``copy_`` between metadata
+  objects and row padding (``F.pad``), which read the shape or copy the bytes without
+  interpreting them. The non-paged indexer plan, the low-ratio (DSV4.1) and HIP readers, context
+  parallelism and sparse prefill are extend/prefill or other-model paths these builders' hooked
+  calls do not feed.
+- C128 page indices: read by FlashMLA's sparse decode as the extra cache's indices with
+  ``extra_topk_length = max(seq_len // 128, 1)``, in blocks of 64 indices, so entries below that
+  length rounded up to 64 (SGLang writes -1 from ``seq_len // 128`` on, and so do we up to the
+  extent, which adds a further 64). The TRT-LLM table copy (``init_trtllm_sparse_buffers``)
+  reads the whole row but runs only with ``trtllm_attn`` (SM100), never on SM90.
+
+The small per-row outputs (lengths, positions, cache-write locations) are always written.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from dsv4spec.kernels import triton_runs_on
+from dsv4spec.kernels.attention_metadata import (
+    C128_BLOCK,
+    C128_SLACK,
+    PAGE_TABLE_SLACK,
+    compressed_attn_metadata_triton,
+    page_table_positions_triton,
+)
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2**31 - 1
+IMPLS = ("triton", "torch")
+
+
+class PageTablePositions(NamedTuple):
+    """``build_page_table_positions``'s result, in SGLang's field order."""
+
+    seq_lens_casual: torch.Tensor  # int32 [R]
+    positions_casual: torch.Tensor  # int32 [R], seq_lens - 1
+    page_table: torch.Tensor  # int32 [R, cdiv(max_seq_len, page_size)]
+    swa_topk_lengths: torch.Tensor  # int32 [R], min(seq_lens, swa_window)
+
+
+class CompressedAttnMetadata(NamedTuple):
+    """``init_compressed_attn_metadata``'s result, in SGLang's tuple order."""
+
+    c4_out_loc: torch.Tensor  # int64 [W]
+    c4_positions: torch.Tensor  # int32 [R]
+    c4_seq_lens_raw: torch.Tensor  # int32 [R]
+    c4_seq_lens_clamp1: torch.Tensor  # int32 [R]
+    c128_out_loc: torch.Tensor  # int64 [W]
+    c128_positions: torch.Tensor  # int32 [R]
+    c128_seq_lens_raw: torch.Tensor  # int32 [R]
+    c128_seq_lens_clamp1: torch.Tensor  # int32 [R]
+    c128_page_indices: torch.Tensor | None  # int32 [R, (page_size // 128) * max_pages]
+
+
+def _div(a: torch.Tensor, b: int) -> torch.Tensor:
+    """Integer division as the GPU (and Triton's ``//``) computes it: truncated."""
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _check_int(name: str, value: object, low: int, high: int = INT32_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _check_index(name: str, t: object, dim: int, device: torch.device | None = None,
+                 dtypes: tuple[torch.dtype, ...] = INDEX_DTYPES) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the other inputs on {device}")
+    if dim == 1 and t.numel() > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+    return t
+
+
+def _check_impl(impl: str, device: torch.device) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and not triton_runs_on(device):
+        raise ValueError(f"impl='triton' cannot run on {device} (CUDA, or the CPU with "
+                         "TRITON_INTERPRET=1)")
+
+
+def _check_page_table_inputs(req_to_token, req_pool_indices, seq_lens, max_seq_len, page_size,
+                             swa_window) -> int:
+    """The number of page-table columns, after checking every argument (nothing written)."""
+    seq_lens = _check_index("seq_lens_casual", seq_lens, 1)
+    device = seq_lens.device
+    _check_index("req_pool_indices_repeated", req_pool_indices, 1, device)
+    _check_index("req_to_token", req_to_token, 2, device)
+    if req_pool_indices.shape[0] != seq_lens.shape[0]:
+        raise ValueError(f"req_pool_indices_repeated has {req_pool_indices.shape[0]} rows, "
+                         f"seq_lens_casual {seq_lens.shape[0]}")
+    if req_to_token.shape[1] > 1 and req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token's rows must be contiguous (stride(1) == 1)")
+    _check_int("page_size", page_size, 1)
+    _check_int("max_seq_len", max_seq_len, 1, max(1, req_to_token.shape[1]))
+    _check_int("swa_window", swa_window, 1)
+    return -(-max_seq_len // page_size)
+
+
+def build_page_table_positions_reference(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
+    max_seq_len: int, page_size: int, swa_window: int,
+) -> PageTablePositions:
+    """SGLang's values at every position, the full width written (pure torch, any device).
+
+    ``page_table[r, c] = req_to_token[req_pool_indices[r], c * page_size] // page_size`` for
+    ``c < cdiv(max_seq_len, page_size)``; ``positions = seq_lens - 1``;
+    ``swa_topk_lengths = min(seq_lens, swa_window)``; all int32.
+    """
+    num_pages = _check_page_table_inputs(req_to_token, req_pool_indices, seq_lens, max_seq_len,
+                                         page_size, swa_window)
+    lengths = seq_lens.to(torch.int32)
+    columns = torch.arange(num_pages, device=seq_lens.device) * page_size
+    tokens = req_to_token[req_pool_indices.long()][:, columns].to(torch.int32)
+    return PageTablePositions(lengths, lengths - 1, _div(tokens, page_size).to(torch.int32),
+                              lengths.clamp(max=swa_window))
+
+
+def build_page_table_positions(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
+    max_seq_len: int, page_size: int, swa_window: int, impl: str = "triton",
+) -> PageTablePositions:
+    """SGLang 0.5.23's ``build_page_table_positions_triton``, bounded by the live length.
+
+    Parameters
+    ----------
+    req_to_token : Tensor ``[slots, context]``, int32 or int64
+        Token slot of every position of every request slot (rows contiguous).
+    req_pool_indices : Tensor ``[R]``, int32 or int64
+        Request slot of each query row.
+    seq_lens : Tensor ``[R]``, int32 or int64
+        Causal length of each query row (its position + 1).
+    max_seq_len : int
+        Context the table spans, ``1 <= max_seq_len <= context``.
+    page_size, swa_window : int
+        Tokens per page; the sliding window.
+    impl : {"triton", "torch"}
+        ``"torch"``: :func:`build_page_table_positions_reference` (full width).
+
+    Returns
+    -------
+    PageTablePositions
+        int32 tensors of SGLang's shapes. ``"triton"`` writes row ``r`` of ``page_table`` only up
+        to ``page_table_extent(seq_lens, ...)[r]`` columns; beyond, the memory is as allocated.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, before anything is allocated or launched.
+    """
+    num_pages = _check_page_table_inputs(req_to_token, req_pool_indices, seq_lens, max_seq_len,
+                                         page_size, swa_window)
+    _check_impl(impl, seq_lens.device)
+    if impl == "torch":
+        return build_page_table_positions_reference(
+            req_to_token, req_pool_indices, seq_lens, max_seq_len=max_seq_len,
+            page_size=page_size, swa_window=swa_window)
+    return PageTablePositions(*page_table_positions_triton(
+        req_to_token, req_pool_indices, seq_lens, num_pages, page_size, swa_window))
+
+
+def page_table_extent(seq_lens: torch.Tensor, num_pages: int, page_size: int) -> torch.Tensor:
+    """Columns of each page-table row the Triton path writes (int64 ``[R]``): the live pages
+    ``cdiv(max(seq_len, 0), page_size)`` plus ``PAGE_TABLE_SLACK``, at most ``num_pages``."""
+    live = -(-seq_lens.long().clamp(min=0) // page_size)
+    return (live + PAGE_TABLE_SLACK).clamp(max=num_pages)
+
+
+def c128_index_extent(seq_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """Entries of each C128 page-index row the Triton path writes (int64 ``[R]``): the
+    attention's length ``max(seq_len // 128, 1)`` rounded up to FlashMLA's block of 64, plus
+    ``C128_SLACK``, at most ``width``."""
+    reach = -(-_div(seq_lens.long(), 128).clamp(min=1) // C128_BLOCK) * C128_BLOCK
+    return (reach + C128_SLACK).clamp(max=width)
+
+
+def _check_compressed_inputs(seq_lens, positions, raw_out_loc, page_table, page_size,
+                             compute_page_indices) -> None:
+    seq_lens = _check_index("seq_lens", seq_lens, 1)
+    device = seq_lens.device
+    _check_index("positions", positions, 1, device)
+    _check_index("raw_out_loc", raw_out_loc, 1, device)
+    rows = seq_lens.shape[0]
+    if positions.shape[0] != rows:
+        raise ValueError(f"positions has {positions.shape[0]} rows, seq_lens {rows}")
+    if raw_out_loc.shape[0] > rows:
+        raise ValueError(f"raw_out_loc has {raw_out_loc.shape[0]} rows, more than the {rows} "
+                         "metadata rows")
+    if not isinstance(compute_page_indices, bool):
+        raise TypeError("compute_page_indices must be a bool, got "
+                        f"{type(compute_page_indices).__name__}")
+    if not compute_page_indices:
+        return
+    if page_table is None:
+        raise ValueError("page_table is required when compute_page_indices=True")
+    _check_index("page_table", page_table, 2, device, (torch.int32,))
+    if page_table.shape[0] != rows:
+        raise ValueError(f"page_table has {page_table.shape[0]} rows, seq_lens {rows}")
+    if not page_table.is_contiguous():
+        raise ValueError("page_table must be contiguous (its row stride is its width)")
+    _check_int("page_size", page_size, 128)
+    if page_size % 128:
+        raise ValueError(f"page_size must be a multiple of 128, got {page_size}")
+    if (page_size // 128) * page_table.shape[1] > INT32_MAX:
+        raise ValueError("page_table is too wide for int32 page indices")
+
+
+def init_compressed_attn_metadata_reference(
+    seq_lens: torch.Tensor, positions: torch.Tensor, raw_out_loc: torch.Tensor,
+    page_table: torch.Tensor | None = None, page_size: int = 0,
+    compute_page_indices: bool = True,
+) -> CompressedAttnMetadata:
+    """SGLang's values at every position, the full width written (pure torch, any device).
+
+    For ratio ``k`` in (4, 128): ``out_loc = raw_out_loc // k`` where ``seq_len % k == 0``,
+    else 0 (int64, the first ``raw_out_loc.shape[0]`` rows); ``positions & ~(k - 1)``;
+    ``seq_len // k`` and its ``max(., 1)``. C128 page indices (``cps = page_size // 128``):
+    ``page_table[r, j // cps] * cps + j % cps`` for ``j < seq_len // 128``, else -1.
+    Integer division truncates, as on the GPU.
+    """
+    _check_compressed_inputs(seq_lens, positions, raw_out_loc, page_table, page_size,
+                             compute_page_indices)
+    write_rows = raw_out_loc.shape[0]
+    lengths = seq_lens.long()
+    out_loc = raw_out_loc.long()
+    outputs: list[torch.Tensor | None] = []
+    for ratio in (4, 128):
+        compress = torch.fmod(lengths[:write_rows], ratio) == 0
+        outputs.append(torch.where(compress, _div(out_loc, ratio), 0))
+        outputs.append((positions.long() & ~(ratio - 1)).to(torch.int32))
+        raw = _div(lengths, ratio)
+        outputs.append(raw.to(torch.int32))
+        outputs.append(raw.clamp(min=1).to(torch.int32))
+    indices = None
+    if compute_page_indices:
+        entries = page_size // 128
+        width = entries * page_table.shape[1]
+        j = torch.arange(width, device=seq_lens.device)
+        values = page_table[:, j // entries].long() * entries + j % entries
+        valid = j[None, :] < _div(lengths, 128)[:, None]
+        indices = torch.where(valid, values, -1).to(torch.int32)
+    outputs.append(indices)
+    return CompressedAttnMetadata(*outputs)
+
+
+def init_compressed_attn_metadata(
+    seq_lens: torch.Tensor, positions: torch.Tensor, raw_out_loc: torch.Tensor,
+    page_table: torch.Tensor | None = None, page_size: int = 0,
+    compute_page_indices: bool = True, *, impl: str = "triton",
+) -> CompressedAttnMetadata:
+    """SGLang 0.5.23's ``_init_compressed_attn_metadata_triton``, bounded by the live length.
+
+    Parameters
+    ----------
+    seq_lens, positions : Tensor ``[R]``, int32 or int64
+        Causal length and position of each metadata row.
+    raw_out_loc : Tensor ``[W]``, ``W <= R``, int32 or int64
+        Cache-write slot of each row that writes (context-parallel padding rows do not).
+    page_table : Tensor ``[R, max_pages]`` int32, contiguous; required with page indices
+        As :func:`build_page_table_positions` returns it (only each row's live columns are read).
+    page_size : int
+        Tokens per page, a multiple of 128 with page indices.
+    compute_page_indices : bool
+        Whether to build the C128 page indices (SGLang: when the model has C128 layers).
+    impl : {"triton", "torch"}
+        ``"torch"``: :func:`init_compressed_attn_metadata_reference` (full width).
+
+    Returns
+    -------
+    CompressedAttnMetadata
+        SGLang's nine outputs. ``"triton"`` writes row ``r`` of ``c128_page_indices`` only up to
+        ``c128_index_extent(seq_lens, width)[r]`` entries; beyond, the memory is as allocated.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, before anything is allocated or launched.
+    """
+    _check_compressed_inputs(seq_lens, positions, raw_out_loc, page_table, page_size,
+                             compute_page_indices)
+    _check_impl(impl, seq_lens.device)
+    if impl == "torch":
+        return init_compressed_attn_metadata_reference(
+            seq_lens, positions, raw_out_loc, page_table, page_size, compute_page_indices)
+    return CompressedAttnMetadata(*compressed_attn_metadata_triton(
+        seq_lens, positions, raw_out_loc, page_table if compute_page_indices else None,
+        page_size, compute_page_indices))
