@@ -1,0 +1,235 @@
+"""DSV4 attention metadata: SGLang 0.5.23's page-table and compressed-metadata builders vs
+dsv4spec's, bounded by the live length, in a CUDA graph and eager.
+
+Method: a request-to-token table of 1M tokens of capacity (``--capacity``) per request, 256-token
+pages (4,096 page-table columns, C128 page indices 8,192 wide), random slots; each request holds
+``live`` tokens. Target-verify shape: ``bs * W`` query rows (W = 4 drafts per request, causal
+lengths ``live + 1 .. live + W``), as ``make_forward_metadata_from_raw_verify`` builds them;
+draft-decode shape: ``bs`` rows of length ``live``. Both providers' outputs are compared before
+timing (small outputs bit-identical; tables bit-identical over each row's written extent, which
+covers every position a consumer reads; see ``dsv4spec.ops.attention_metadata``). Device time per
+call from ``time_in_graph`` (``do_bench_cudagraph``); ``eager_us`` is the host wall time per call
+of back-to-back eager calls with one synchronize at the end (loops interleaved between
+providers). SGLang's functions are its own files, loaded by path. ``calls_per_mtp_step`` says how
+many times SGLang runs each builder in one MTP step (from its source, line numbers printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from types import ModuleType
+
+import torch
+
+from dsv4spec.bench import common
+from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file
+from dsv4spec.ops.attention_metadata import (
+    build_page_table_positions,
+    c128_index_extent,
+    init_compressed_attn_metadata,
+    page_table_extent,
+)
+
+PAGE_FILE = "kernels/ops/attention/dsv4/attn_metadata_kernels.py"
+C128_FILE = "kernels/ops/attention/dsv4/metadata_kernel.py"
+BACKEND_FILE = "srt/layers/attention/deepseek_v4_backend.py"
+PAGE_SIZE = 256
+SWA_WINDOW = 128  # SGLang's SWA_WINDOW for DSV4
+CAPACITY = 1 << 20
+DRAFTS = 4  # W: query rows per request in target verify (speculative_num_draft_tokens)
+DRAFT_STEPS = 3  # draft-decode steps per MTP step with W = 4
+BATCHES = (1, 8, 32, 128)
+LIVE = (4096, 65536)
+QUICK_MODES = ("verify",)
+MODES = ("verify", "decode")
+OPS = ("page_table", "c128")
+COLUMNS = ["op", "mode", "bs", "rows", "live", "provider", "median_us", "p20_us", "p80_us",
+           "eager_us", "speedup_graph", "speedup_eager"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES),
+                        help="batch sizes bs (requests)")
+    parser.add_argument("--live", type=int, nargs="+", default=list(LIVE),
+                        help="tokens each request holds")
+    parser.add_argument("--capacity", type=int, default=CAPACITY,
+                        help="context capacity per request in tokens (req_to_token's width)")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                        help="query-row shapes: verify (bs * 4 rows), decode (bs rows); "
+                             "default both, --quick verify only")
+
+
+def _install_async_h2d_stub() -> None:
+    """``attn_metadata_kernels.py`` imports ``async_h2d`` from ``sglang.srt.utils.common``
+    (used only by a prefill helper the benchmark never calls)."""
+    from dsv4spec.bench.sglang_mhc import install_stubs
+
+    install_stubs()
+    common_module = sys.modules["sglang.srt.utils.common"]
+    if not hasattr(common_module, "async_h2d"):
+        def async_h2d(*args, **kwargs):
+            raise NotImplementedError("stand-in: SGLang's async_h2d is not loaded")
+
+        common_module.async_h2d = async_h2d
+
+
+def load_sglang_metadata_kernels(page_name: str | None = None,
+                                 c128_name: str | None = None) -> tuple[ModuleType, ModuleType]:
+    """SGLang's ``attn_metadata_kernels.py`` and ``metadata_kernel.py``, executed by path (module
+    names: private ones by default). Raises ``FileNotFoundError`` without SGLang's source."""
+    sglang_file(PAGE_FILE)
+    _install_async_h2d_stub()
+    return (load_sglang_module(PAGE_FILE, name=page_name),
+            load_sglang_module(C128_FILE, name=c128_name))
+
+
+def _line_of(lines: list[str], pattern: str, start: int = 0) -> int:
+    for i in range(start, len(lines)):
+        if re.search(pattern, lines[i]):
+            return i + 1
+    raise LookupError(pattern)
+
+
+def calls_per_mtp_step(draft_steps: int = DRAFT_STEPS) -> list[dict]:
+    """How many times each builder runs in one MTP step, with the SGLang lines that say so."""
+    lines = sglang_file(BACKEND_FILE).read_text().splitlines()
+    verify = _line_of(lines, r"def make_forward_metadata_from_raw_verify")
+    decode = _line_of(lines, r"def make_forward_metadata_from_raw_decode")
+    multi = _line_of(lines, r"class DeepseekV4MultiStepBackend")
+    loop = _line_of(lines, r"for attn_backend in self\.attn_backends", multi)
+    core = _line_of(lines, r"def make_core_attn_metadata")
+    build = _line_of(lines, r"prep = build_pages\(", core)
+    compress = _line_of(lines, r"core_attn_metadata\.init_compression_metadata\(", core)
+    where = "deepseek_v4_backend.py"
+    return [
+        {"phase": "target verify", "calls": 1,
+         "source": f"{where}:{_line_of(lines, r'self.make_core_attn_metadata', verify)} "
+                   f"(make_forward_metadata_from_raw_verify, in the verify graph) -> "
+                   f"make_core_attn_metadata: {where}:{build} build_pages, {where}:{compress} "
+                   f"init_compression_metadata (need_compress=True)"},
+        {"phase": "draft decode", "calls": draft_steps,
+         "source": f"{where}:{loop} (DeepseekV4MultiStepBackend.init_forward_metadata_in_graph: "
+                   f"one per step backend, speculative_num_steps = {draft_steps} at W = "
+                   f"{draft_steps + 1}) -> {where}:"
+                   f"{_line_of(lines, r'self.make_core_attn_metadata', decode)} "
+                   f"(make_forward_metadata_from_raw_decode) -> the same two builders"},
+    ]
+
+
+def make_inputs(bs: int, live: int, capacity: int, mode: str, device: str = "cuda",
+                seed: int = 0) -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+    pool_slots = 1 << 24  # token slots in the KV pool
+    req_to_token = torch.randint(0, pool_slots, (bs, capacity), dtype=torch.int32,
+                                 device=device, generator=g)
+    requests = torch.randperm(bs, device=device, generator=g)
+    if mode == "verify":
+        seq_lens = (live + torch.arange(1, DRAFTS + 1, device=device)).repeat(bs)
+        req_pool = requests.repeat_interleave(DRAFTS)
+    else:
+        seq_lens = torch.full((bs,), live, device=device)
+        req_pool = requests
+    seq_lens = seq_lens.to(torch.int32)
+    rows = seq_lens.shape[0]
+    out_loc = torch.randint(0, pool_slots, (rows,), dtype=torch.int64, device=device,
+                            generator=g)
+    return {"req_to_token": req_to_token, "req_pool": req_pool.to(torch.int64),
+            "seq_lens": seq_lens, "positions": seq_lens - 1, "out_loc": out_loc}
+
+
+def providers(op: str, x: dict, capacity: int, page_mod: ModuleType, c128_mod: ModuleType,
+              page_table: torch.Tensor) -> dict:
+    if op == "page_table":
+        kwargs = {"max_seq_len": capacity, "page_size": PAGE_SIZE, "swa_window": SWA_WINDOW}
+        return {
+            "sglang": lambda: page_mod.build_page_table_positions_triton(
+                req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
+                seq_lens_casual=x["seq_lens"], **kwargs),
+            "dsv4spec": lambda: build_page_table_positions(
+                x["req_to_token"], x["req_pool"], x["seq_lens"], **kwargs),
+        }
+    args = (x["seq_lens"], x["positions"], x["out_loc"], page_table, PAGE_SIZE, True)
+    return {
+        "sglang": lambda: c128_mod._init_compressed_attn_metadata_triton(*args),
+        "dsv4spec": lambda: init_compressed_attn_metadata(*args),
+    }
+
+
+def _rows_equal(ours: torch.Tensor, theirs: torch.Tensor, extent: torch.Tensor) -> bool:
+    columns = torch.arange(ours.shape[1], device=ours.device)
+    inside = columns[None, :] < extent[:, None]
+    return bool(torch.equal(ours[inside], theirs[inside]))
+
+
+def refcheck(op: str, ours, theirs, seq_lens: torch.Tensor, capacity: int) -> None:
+    if op == "page_table":
+        small = zip((ours.seq_lens_casual, ours.positions_casual, ours.swa_topk_lengths),
+                    (theirs.seq_lens_casual, theirs.positions_casual, theirs.swa_topk_lengths))
+        table, extent = (ours.page_table, theirs.page_table), page_table_extent(
+            seq_lens, -(-capacity // PAGE_SIZE), PAGE_SIZE)
+    else:
+        small = zip(ours[:8], theirs[:8])
+        table, extent = (ours[8], theirs[8]), c128_index_extent(seq_lens, ours[8].shape[1])
+    if not all(torch.equal(a, b) for a, b in small):
+        raise AssertionError(f"{op}: per-row outputs differ from SGLang's")
+    if table[0].shape != table[1].shape or not _rows_equal(*table, extent):
+        raise AssertionError(f"{op}: table differs from SGLang's within the written extent")
+
+
+def main(args: argparse.Namespace) -> int:
+    modes = args.modes or (QUICK_MODES if args.quick else MODES)
+    rep_ms = 10 if args.quick else 30
+    env = common.environment()
+    floor = common.launch_floor()
+    print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
+          f"{floor['empty_kernel_eager_us']:.2f} µs eager", flush=True)
+    page_mod, c128_mod = load_sglang_metadata_kernels()
+    steps = calls_per_mtp_step()
+    for s in steps:
+        print(f"per MTP step, {s['phase']}: {s['calls']} call(s) of each builder; {s['source']}")
+    rows = []
+    for mode in modes:
+        for bs in args.batches:
+            for live in args.live:
+                x = make_inputs(bs, live, args.capacity, mode, seed=bs + live)
+                sgl_prep = page_mod.build_page_table_positions_triton(
+                    req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
+                    seq_lens_casual=x["seq_lens"], max_seq_len=args.capacity,
+                    page_size=PAGE_SIZE, swa_window=SWA_WINDOW)
+                for op in OPS:
+                    fns = providers(op, x, args.capacity, page_mod, c128_mod,
+                                    sgl_prep.page_table)
+                    refcheck(op, fns["dsv4spec"](), fns["sglang"](), x["seq_lens"],
+                             args.capacity)
+                    torch.cuda.synchronize()
+                    block = []
+                    for name, fn in fns.items():
+                        block.append({"op": op, "mode": mode, "bs": bs,
+                                      "rows": x["seq_lens"].shape[0], "live": live,
+                                      "provider": name,
+                                      **common.time_in_graph(fn, rep_ms=rep_ms)})
+                    eager = common.time_eager_side_by_side(fns, repeats=5 if args.quick else 15)
+                    for r in block:
+                        r["eager_us"] = eager[r["provider"]]["median_us"]
+                    sgl, ours = block
+                    ours["speedup_graph"] = sgl["median_us"] / ours["median_us"]
+                    ours["speedup_eager"] = sgl["eager_us"] / ours["eager_us"]
+                    rows += block
+                    print(f"{op} {mode} bs={bs} live={live}: SGLang {sgl['median_us']:.2f}/"
+                          f"{sgl['eager_us']:.1f}, dsv4spec {ours['median_us']:.2f}/"
+                          f"{ours['eager_us']:.1f} µs (graph/eager)", flush=True)
+                del x, sgl_prep
+                torch.cuda.empty_cache()
+    common.print_table(rows, COLUMNS)
+    payload = {"environment": env, "launch_floor": floor, "capacity_tokens": args.capacity,
+               "page_size": PAGE_SIZE, "drafts_W": DRAFTS, "calls_per_mtp_step": steps}
+    notes = (f"Launch floor (empty Triton kernel): {floor['empty_kernel_graph_us']:.2f} µs in a "
+             f"graph, {floor['empty_kernel_eager_us']:.2f} µs eager. Calls per MTP step (each "
+             "builder): " + "; ".join(f"{s['phase']} {s['calls']} ({s['source']})"
+                                      for s in steps) + ". "
+             + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
+    paths = common.write_results(args.out, "metadata", payload, rows, COLUMNS, notes=notes)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
