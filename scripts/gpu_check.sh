@@ -3,7 +3,7 @@
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests tests-plugin sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32
-#          sweep-partials plugin mhc
+#          sweep-partials plugin mhc metadata
 #   (default: tests eager-cost cleanup hc-head sanitizer); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
@@ -55,7 +55,7 @@ for s in $STEPS; do
         tests/ops/test_hc_head.py tests/ops/test_c128_cleanup.py 2>&1 \
         | tee "$OUT/pytest_gpu_plugin.log" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    eager-cost|cleanup|hc-head|model-step|e2e|plugin|mhc|cleanup:quick|hc-head:quick|e2e:quick|mhc:quick)
+    eager-cost|cleanup|hc-head|model-step|e2e|plugin|mhc|metadata|cleanup:quick|hc-head:quick|e2e:quick|mhc:quick|metadata:quick)
       name=${s%:quick}
       flags=$([ "$s" != "$name" ] && echo --quick)
       case $name in cleanup|hc-head|eager-cost) flags="$flags --peer sglang" ;; esac
