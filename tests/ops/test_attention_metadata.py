@@ -1,0 +1,154 @@
+"""The metadata ops: the torch references equal SGLang's builders at every position, the Triton
+path equals them over its written extent, and bad inputs raise a clear error naming the
+argument before anything is allocated or launched."""
+
+import pytest
+import torch
+
+from dsv4spec.kernels import attention_metadata as kernels
+from dsv4spec.ops.attention_metadata import (
+    build_page_table_positions,
+    build_page_table_positions_reference,
+    c128_index_extent,
+    init_compressed_attn_metadata,
+    init_compressed_attn_metadata_reference,
+    page_table_extent,
+)
+
+from ..kernels.attention_metadata_support import (
+    interpreter_loop_bounds,
+    make_batch,
+    sglang_builders,
+    written_mask,
+)
+
+PAGE, CONTEXT = 256, 64 * 256
+KW = {"max_seq_len": CONTEXT, "page_size": PAGE, "swa_window": 128}
+LENGTHS = [0, 1, 128, 255, 256, 257, 4097, CONTEXT - 1, CONTEXT]
+
+
+@pytest.fixture(autouse=True)
+def _loop_bounds():
+    with interpreter_loop_bounds():
+        yield
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    return sglang_builders()
+
+
+def test_references_equal_sglang_everywhere(sglang):
+    x = make_batch(3, LENGTHS, CONTEXT, seed=2)
+    theirs = sglang[0].build_page_table_positions_triton(
+        req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
+        seq_lens_casual=x["seq_lens"], **KW)
+    ref = build_page_table_positions_reference(x["req_to_token"], x["req_pool"], x["seq_lens"],
+                                               **KW)
+    for name in ("seq_lens_casual", "positions_casual", "page_table", "swa_topk_lengths"):
+        assert torch.equal(getattr(ref, name), getattr(theirs, name)), name
+    for out_loc in (x["out_loc"], x["out_loc"][:5]):
+        expected = sglang[1]._init_compressed_attn_metadata_triton(
+            x["seq_lens"], x["positions"], out_loc, ref.page_table, PAGE, True)
+        got = init_compressed_attn_metadata_reference(x["seq_lens"], x["positions"], out_loc,
+                                                      ref.page_table, PAGE, True)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_triton_equals_reference_where_written_and_torch_impl_is_the_reference():
+    x = make_batch(2, LENGTHS, CONTEXT, seed=4)
+    args = (x["req_to_token"], x["req_pool"], x["seq_lens"])
+    ours = build_page_table_positions(*args, **KW)
+    ref = build_page_table_positions(*args, **KW, impl="torch")
+    written = written_mask(tuple(ours.page_table.shape),
+                           page_table_extent(x["seq_lens"], CONTEXT // PAGE, PAGE))
+    assert torch.equal(ours.page_table[written], ref.page_table[written])
+    c_args = (x["seq_lens"], x["positions"], x["out_loc"], ref.page_table, PAGE, True)
+    ours_c = init_compressed_attn_metadata(*c_args)
+    ref_c = init_compressed_attn_metadata(*c_args, impl="torch")
+    assert all(torch.equal(a, b) for a, b in zip(ours_c[:8], ref_c[:8]))
+    written = written_mask(tuple(ours_c.c128_page_indices.shape),
+                           c128_index_extent(x["seq_lens"], ours_c.c128_page_indices.shape[1]))
+    assert torch.equal(ours_c.c128_page_indices[written], ref_c.c128_page_indices[written])
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails the test if anything is allocated through the launchers or launched."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("launched after a bad input")
+
+    monkeypatch.setattr(kernels, "_page_table_positions_live_kernel", forbidden)
+    monkeypatch.setattr(kernels, "_compressed_attn_metadata_live_kernel", forbidden)
+
+
+def _page_inputs():
+    x = make_batch(2, [5, 300], 1024)
+    return {"req_to_token": x["req_to_token"], "req_pool_indices": x["req_pool"],
+            "seq_lens": x["seq_lens"], "max_seq_len": 1024, "page_size": 256, "swa_window": 128}
+
+
+@pytest.mark.parametrize("change,error,name", [
+    ({"seq_lens": [5, 300]}, TypeError, "seq_lens_casual"),
+    ({"seq_lens": torch.tensor([5.0, 3.0])}, TypeError, "seq_lens_casual"),
+    ({"req_pool_indices": torch.tensor([0], dtype=torch.int64)}, ValueError,
+     "req_pool_indices_repeated"),
+    ({"req_to_token": torch.zeros(4, dtype=torch.int32)}, ValueError, "req_to_token"),
+    ({"req_to_token": torch.zeros(1024, 2, dtype=torch.int32).t()}, ValueError, "req_to_token"),
+    ({"max_seq_len": 2048}, ValueError, "max_seq_len"),
+    ({"max_seq_len": 0}, ValueError, "max_seq_len"),
+    ({"page_size": 0}, ValueError, "page_size"),
+    ({"page_size": 256.0}, TypeError, "page_size"),
+    ({"swa_window": True}, TypeError, "swa_window"),
+])
+def test_page_table_rejects_bad_inputs_before_any_launch(no_launch, change, error, name):
+    kwargs = {**_page_inputs(), **change}
+    args = [kwargs.pop(k) for k in ("req_to_token", "req_pool_indices", "seq_lens")]
+    with pytest.raises(error, match=name):
+        build_page_table_positions(*args, **kwargs)
+    with pytest.raises(error, match=name):
+        build_page_table_positions_reference(*args, **kwargs)
+
+
+def _compressed_inputs():
+    x = make_batch(2, [5, 300, 700], 1024)
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    return {"seq_lens": x["seq_lens"], "positions": x["positions"], "raw_out_loc": x["out_loc"],
+            "page_table": table, "page_size": 256, "compute_page_indices": True}
+
+
+@pytest.mark.parametrize("change,error,name", [
+    ({"positions": torch.zeros(2, dtype=torch.int32)}, ValueError, "positions"),
+    ({"raw_out_loc": torch.zeros(4, dtype=torch.int64)}, ValueError, "raw_out_loc"),
+    ({"raw_out_loc": torch.zeros(3, dtype=torch.float32)}, TypeError, "raw_out_loc"),
+    ({"page_table": None}, ValueError, "page_table"),
+    ({"page_table": torch.zeros(3, 4, dtype=torch.int64)}, TypeError, "page_table"),
+    ({"page_table": torch.zeros(4, 3, dtype=torch.int32).t()}, ValueError, "page_table"),
+    ({"page_table": torch.zeros(2, 4, dtype=torch.int32)}, ValueError, "page_table"),
+    ({"page_size": 192}, ValueError, "page_size"),
+    ({"page_size": 64}, ValueError, "page_size"),
+    ({"compute_page_indices": 1}, TypeError, "compute_page_indices"),
+])
+def test_compressed_rejects_bad_inputs_before_any_launch(no_launch, change, error, name):
+    kwargs = {**_compressed_inputs(), **change}
+    with pytest.raises(error, match=name):
+        init_compressed_attn_metadata(**kwargs)
+    with pytest.raises(error, match=name):
+        init_compressed_attn_metadata_reference(**kwargs)
+
+
+def test_bad_impl_is_named():
+    with pytest.raises(ValueError, match="impl"):
+        build_page_table_positions(*list(_page_inputs().values())[:3], max_seq_len=1024,
+                                   page_size=256, swa_window=128, impl="cuda")
+    with pytest.raises(ValueError, match="impl"):
+        init_compressed_attn_metadata(**_compressed_inputs(), impl="eager")
+
+
+def test_without_page_indices_no_page_table_is_needed():
+    kwargs = {**_compressed_inputs(), "page_table": None, "page_size": 0,
+              "compute_page_indices": False}
+    ours = init_compressed_attn_metadata(**kwargs)
+    ref = init_compressed_attn_metadata_reference(**kwargs)
+    assert ours.c128_page_indices is None and ref.c128_page_indices is None
+    assert all(torch.equal(a, b) for a, b in zip(ours[:8], ref[:8]))
