@@ -19,7 +19,7 @@ from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
-__all__ = ["HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
+__all__ = ["HOOKS", "METADATA_HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
 
 
 def _rollback_hook(module: ModuleType) -> Callable:
@@ -38,6 +38,18 @@ def _target_hc_head_hook(module: ModuleType) -> Callable:
     from dsv4spec.integrations.sglang.hc_head import make_target_hook
 
     return make_target_hook(module)
+
+
+def _page_table_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.metadata import make_page_table_hook
+
+    return make_page_table_hook(module)
+
+
+def _compressed_metadata_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.metadata import make_compressed_metadata_hook
+
+    return make_compressed_metadata_hook(module)
 
 
 def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
@@ -80,6 +92,23 @@ HOOKS = (
          _MHC_FUSED_POST_PRE_PARAMS, _mhc_hook("mhc_fused_post_pre")),
 )
 
+# DSV4 attention-metadata builders bounded by the live length (integrations/sglang/metadata.py),
+# one switch for the two. Registered with HOOKS by register().
+METADATA_HOOKS = (
+    Hook("DSV4 page table", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels",
+         "build_page_table_positions_triton",
+         ("req_to_token", "req_pool_indices_repeated", "seq_lens_casual", "max_seq_len",
+          "page_size", "swa_window"),
+         _page_table_hook),
+    Hook("DSV4 compressed metadata", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.kernels.ops.attention.dsv4.metadata_kernel",
+         "_init_compressed_attn_metadata_triton",
+         ("seq_lens", "positions", "raw_out_loc", "page_table", "page_size",
+          "compute_page_indices"),
+         _compressed_metadata_hook),
+)
+
 _announced = False
 
 
@@ -116,7 +145,7 @@ def register() -> list[str]:
         return []
     version = installed_sglang_version()
     installed, off, skipped = [], [], []
-    for hook in HOOKS:
+    for hook in (*HOOKS, *METADATA_HOOKS):
         if not switch_on(hook.switch):
             off.append(f"{hook.name} ({hook.switch}=0)")
             continue
