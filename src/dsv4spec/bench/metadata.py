@@ -61,11 +61,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default both, --quick verify only")
 
 
-def _install_async_h2d_stub() -> None:
-    """``attn_metadata_kernels.py`` imports ``async_h2d`` from ``sglang.srt.utils.common``
-    (used only by a prefill helper the benchmark never calls)."""
+class _Struct:
+    """``msgspec.Struct`` where msgspec is not installed: keyword fields, as SGLang uses it."""
+
+    def __init_subclass__(cls, **options: object) -> None:
+        super().__init_subclass__()
+
+    def __init__(self, **fields: object) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def _install_stubs() -> None:
+    """``attn_metadata_kernels.py`` imports ``msgspec`` (its result structs) and ``async_h2d``
+    from ``sglang.srt.utils.common`` (used only by a prefill helper never called here)."""
     from dsv4spec.bench.sglang_mhc import install_stubs
 
+    try:
+        import msgspec  # noqa: F401
+    except ImportError:
+        sys.modules["msgspec"] = ModuleType("msgspec")
+        sys.modules["msgspec"].Struct = _Struct
     install_stubs()
     common_module = sys.modules["sglang.srt.utils.common"]
     if not hasattr(common_module, "async_h2d"):
@@ -80,7 +96,7 @@ def load_sglang_metadata_kernels(page_name: str | None = None,
     """SGLang's ``attn_metadata_kernels.py`` and ``metadata_kernel.py``, executed by path (module
     names: private ones by default). Raises ``FileNotFoundError`` without SGLang's source."""
     sglang_file(PAGE_FILE)
-    _install_async_h2d_stub()
+    _install_stubs()
     return (load_sglang_module(PAGE_FILE, name=page_name),
             load_sglang_module(C128_FILE, name=c128_name))
 
