@@ -130,7 +130,10 @@ def calls_per_mtp_step(draft_steps: int = DRAFT_STEPS) -> list[dict]:
                    f"one per step backend, speculative_num_steps = {draft_steps} at W = "
                    f"{draft_steps + 1}) -> {where}:"
                    f"{_line_of(lines, r'self.make_core_attn_metadata', decode)} "
-                   f"(make_forward_metadata_from_raw_decode) -> the same two builders"},
+                   f"(make_forward_metadata_from_raw_decode) -> the page table; the compressed "
+                   f"metadata only where the draft's pool has ratio 4 or 128 layers "
+                   f"({where}:{_line_of(lines, r'if self.has_c4 or self.has_c128')}; "
+                   f"none for an SWA-only draft)"},
     ]
 
 
