@@ -15,11 +15,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dsv4spec.kernels.hc_head import _hc_head_partials_kernel as KERNEL
+from dsv4spec.kernels.hc_head import JIT_KERNELS
 
 SIGNATURE = {"x_ptr": "*bf16", "fn_ptr": "*fp32", "ws_ptr": "*fp32", "T": "i32", "H": "i32",
              "NUM_SPLITS": "i32", "stride_xt": "i32", "stride_xs": "i32", "stride_fn": "i32",
              "stride_wt": "i32", "stride_wk": "i32"}
+KERNEL = JIT_KERNELS["partials"]
 CASES = [  # (ACC_2D, GRAM, BLOCK_T, BLOCK_K, warps)
     (False, False, 1, 64, 4), (False, False, 8, 256, 2), (False, True, 1, 64, 4),
     (False, True, 8, 256, 2), (True, False, 4, 64, 4), (True, True, 4, 64, 4),

@@ -20,17 +20,6 @@ _spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts/i
 import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)
 
-# ``_private`` names that scripts and benchmarks still import from a dsv4spec module, each with
-# its reason: the owning module has no public name for the thing measured.
-PRIVATE_IMPORT_EXCEPTIONS = {
-    # eager-cost times hc_head's input checks alone (full and fast path)
-    ("src/dsv4spec/bench/eager_cost.py", "dsv4spec.ops.hc_head._check_hc_head_inputs"),
-    ("src/dsv4spec/bench/eager_cost.py", "dsv4spec.ops.hc_head._inputs_look_valid"),
-    # the PTX digest compiles the partials kernel itself, not a launch of it
-    ("scripts/hc_head_partials_ptx.py", "dsv4spec.kernels.hc_head._hc_head_partials_kernel"),
-}
-
-
 @pytest.fixture(scope="module")
 def tree():
     return import_graph.working_tree()
@@ -69,7 +58,7 @@ def test_scripts_and_benchmarks_import_no_private_names():
     files = sorted(ROOT.glob("scripts/*.py")) + sorted(ROOT.glob("src/dsv4spec/bench/*.py"))
     found = {(path.relative_to(ROOT).as_posix(), name)
              for path in files for _, name in import_graph.private_names(path.read_text())}
-    assert found <= PRIVATE_IMPORT_EXCEPTIONS, sorted(found - PRIVATE_IMPORT_EXCEPTIONS)
+    assert not found, sorted(found)
 
 
 def test_the_script_prints_the_graph_and_line_counts():

@@ -30,7 +30,7 @@ from dsv4spec.bench.hc_head import EPS, make_inputs
 from dsv4spec.capture import capture_cuda_graph
 from dsv4spec.kernels.hc_head import hc_head_triton
 from dsv4spec.kernels.launch import LaunchCache
-from dsv4spec.ops.hc_head import _check_hc_head_inputs, _inputs_look_valid, hc_head
+from dsv4spec.ops.hc_head import check_hc_head_inputs, hc_head, inputs_look_valid
 
 COLUMNS = ["what", "T", "median_us", "p20_us", "p80_us", "host_us"]
 
@@ -82,9 +82,9 @@ def main(args: argparse.Namespace) -> int:
     for T in args.tokens:
         x, fn, sc, base, _ = make_inputs(T, H)
         add("hc_head input checks (full)",
-            lambda: _check_hc_head_inputs(x, fn, sc, base, None, 1e-6, 1e-6, "auto"), T)
+            lambda: check_hc_head_inputs(x, fn, sc, base, None, 1e-6, 1e-6, "auto"), T)
         add("hc_head input checks (fast path)",
-            lambda: _inputs_look_valid(x, fn, sc, base, None, 1e-6, 1e-6, "auto"), T)
+            lambda: inputs_look_valid(x, fn, sc, base, None, 1e-6, 1e-6, "auto"), T)
         launcher = lambda: hc_head_triton(x, fn, sc, base, 1e-6, 1e-6)  # noqa: E731
         add("hc_head_triton, Triton dispatcher", _without_cache(launcher), T)
         add("hc_head_triton, LaunchCache", launcher, T)

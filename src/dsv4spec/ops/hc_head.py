@@ -53,7 +53,12 @@ def _check_param(name, t, shape, device):
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
-def _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+def check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+    """The full check of a :func:`hc_head` (``norm_weight=None``) or :func:`hc_head_rmsnorm` call.
+
+    Returns None on valid arguments; raises ``TypeError`` or ``ValueError`` naming the argument
+    otherwise. The ops run it on every call that :func:`inputs_look_valid` does not accept.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 2:
@@ -83,6 +88,10 @@ def _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc
                 f"impl='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU), x is on "
                 f"{x.device} and TRITON_INTERPRET is {'on' if interpreter_enabled() else 'off'}"
             )
+
+
+# The name the ops call, looked up at call time (tests count the full checks through it).
+_check_hc_head_inputs = check_hc_head_inputs
 
 
 @torch.library.custom_op("dsv4spec::hc_head", mutates_args=())
@@ -162,9 +171,9 @@ def _params_look_valid(hc_fn, hc_scale, hc_base, norm_weight, hc, H, is_cuda, in
     return ok
 
 
-def _inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl) -> bool:
+def inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl) -> bool:
     """The common valid call (CUDA or CPU tensors), checked in one pass; False sends it to the
-    full check, :func:`_check_hc_head_inputs`, which raises naming the argument (or accepts what
+    full check, :func:`check_hc_head_inputs`, which raises naming the argument (or accepts what
     this path does not cover, e.g. tensor subclasses).
 
     An eager call is launch-bound, so the checks' host time counts: device equality is read
@@ -191,8 +200,8 @@ def _direct_call_ok(x) -> bool:
     """Whether an eager call may skip the ``torch.library`` op and launch the kernels itself.
 
     The custom op exists for tracing (``torch.compile``, fake tensors, dispatch modes, functorch);
-    on a plain eager tensor it only adds host time (15–35 µs per call on the H200's host:
-    ``benchmarks/results/eager_cost.md``, library op vs launcher).
+    on a plain eager tensor it only adds host time (the library-op vs ``LaunchCache`` launcher
+    rows of ``benchmarks/results/eager_cost_tensor_cores.md``).
     """
     return (
         type(x) is torch.Tensor
@@ -205,7 +214,7 @@ def _direct_call_ok(x) -> bool:
 
 
 def _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
-    if not _inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
+    if not inputs_look_valid(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl):
         _check_hc_head_inputs(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)
     impl = _resolve(impl, x)
     if impl == "triton":
