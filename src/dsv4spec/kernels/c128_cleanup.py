@@ -92,7 +92,8 @@ def cleanup_launch_config(half: int, num_draft_tokens: int) -> tuple[int, int, i
 
 def cleanup_num_warps(batch: int) -> int:
     # Few programs (bs < 8): 4 warps shorten each program's stores; many: 1 warp each keeps
-    # more programs resident (bs 256 fp32: 56 µs at 1 warp vs 63 µs at 4).
+    # more programs resident (the 256/1 vs 256/4 tiles at (31, 256, 8) fp32 in
+    # benchmarks/results/logs/tune_cleanup.log).
     return 4 if batch < 8 else 1
 
 

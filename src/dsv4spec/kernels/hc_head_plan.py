@@ -73,11 +73,11 @@ class HcHeadConfig(NamedTuple):
 
 
 # The tensor-core partials: the default for bf16 x on CUDA from T * H = this on (at H = 7168
-# from T = 256, at H = 4096 from T = 512: results/ab_hc_head_all_t.json)
+# from T = 256, at H = 4096 from T = 512: benchmarks/results/ab_hc_head_all_t.json)
 MMA_MIN_ELEMENTS = 256 * 7168
 # The finalize as a programmatic dependent launch: the default up to this many tokens, where
-# it saved 0.4-0.8 µs in a graph; from T = 64 on it was slower as often as faster, and with the
-# RMSNorm up to 14 % slower (results/ab_hc_head_all_t.json, ab_hc_head_final.json).
+# it was faster in a graph; from T = 64 on it was slower as often as faster, and slower with the
+# RMSNorm (benchmarks/results/ab_hc_head_all_t.json, ab_hc_head_final.json).
 PDL_MAX_TOKENS = 16
 
 
@@ -133,8 +133,9 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
 
 
 def _num_warps(T: int) -> tuple[int, int]:
-    # (partials, finalize). Swept at H = 7168: T = 4 partials 2.46 µs at 4 warps; T = 64 3.63 µs
-    # at 2 (3.90 at 4); finalize at 1 warp everywhere (T = 4: 1.74 µs vs 3.87 at 4 warps).
+    # (partials, finalize). Swept at H = 7168 (scripts/tune_hc_head.py, timings in
+    # benchmarks/results/logs/tune_hc_head.log): the partials fastest at 4 warps up to T = 4 and
+    # at 2 from T = 64; the finalize at 1 warp everywhere.
     return (4 if T <= 4 else 2), 1
 
 
@@ -155,9 +156,9 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
                          "multiplies bf16 dot operands as integers")
     if partials_2d is None and not mma:
         # The 2-D partials pay off where the RMSNorm's Gram sums make a large pass heavy (in a
-        # graph, 1-D -> 2-D: H = 7168 T = 1024 70.2 -> 64.5 µs, T = 4096 239 -> 219; H = 4096
-        # T = 4096 138 -> 131) but not below (H = 4096 T = 1024 30.9 -> 39.8) nor without the
-        # norm (results/hc_head.json, hc_head_launch_lean.json, sweep_hc_head_partials.json).
+        # graph at H = 7168, T = 1024 and 4096, and H = 4096, T = 4096) but not below (H = 4096,
+        # T = 1024) nor without the norm: the triton+norm rows of benchmarks/results/hc_head.md
+        # (1-D) and hc_head_launch_lean.md (2-D), and sweep_hc_head_partials.json.
         partials_2d = rmsnorm and T * H >= 1024 * 7168
     cfg = hc_head_config(T, H, num_sms(device_index), block_k, num_splits, block_h,
                          partials_2d, block_t, mma, stages, sumsq_dot)
@@ -167,7 +168,8 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
         raise ValueError("pdl needs an sm_90+ GPU")
     if evict_hints is None:
         # x (> 50 MB at T = 1024, H = 7168) kept in L2 by the partials and dropped by the
-        # finalize: 40.7 -> 38.9 µs there (results/ab_hc_head_one_launch_evict.json)
+        # finalize: faster there (mma vs mma_evict in
+        # benchmarks/results/ab_hc_head_one_launch_evict.json)
         evict_hints = cfg.mma
     cfg = cfg._replace(pdl=pdl, evict_hints=evict_hints)
     if warps is None and (cfg.partials_2d or cfg.mma):

@@ -3,8 +3,9 @@
 ``kernel[grid](...)`` (Triton 3.6) pays, every call, for binding and specialising each argument,
 a cache-key lookup, a launch-metadata dict for the (empty) launch-hook chain, two calls of that
 empty chain from the C launcher, and a ``cuPointerGetAttribute`` driver call per tensor argument:
-on the H200's host, 13.7 µs for an empty kernel and about 30 µs for a kernel with 20 arguments
-(``benchmarks/results/eager_cost.md``). Launch-bound ops pay that on every eager call.
+on the H200's host, well above the cached launch below, and more with more arguments (the
+empty-kernel and ``hc_head_triton`` rows, Triton dispatcher vs ``LaunchCache``, of
+``benchmarks/results/eager_cost_tensor_cores.md``). Launch-bound ops pay that on every eager call.
 
 :class:`LaunchCache` keeps, per caller-chosen key, the ``CompiledKernel`` that Triton's own first
 launch returned, with every argument but the pointers bound; a later call with the same key
