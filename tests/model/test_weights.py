@@ -7,8 +7,9 @@ from dsv4spec.model import preset
 from dsv4spec.model.model import Transformer, init_weights
 from dsv4spec.model.weights import load_weights, save_weights
 
-# DSV4-Pro's checkpoint names (shared/dsv4/checkpoint-tensors.md) for the parts this model has;
-# the dense FFN (ffn.w1/w2/w3) is this model's documented deviation.
+# The tensor names of DeepSeek-V4-Pro's released checkpoint for the parts this model has (the
+# reference model keeps DSV4's checkpoint names: docs/design.md, "The reference model"); the dense
+# FFN (ffn.w1/w2/w3) in place of the MoE is one of the deviations from DSV4 listed there.
 DSV4_NAMES = [
     r"embed\.weight", r"head\.weight", r"norm\.weight", r"hc_head_(fn|base|scale)",
     r"(layers\.\d+|mtp\.0)\.(attn_norm|ffn_norm)\.weight",

@@ -125,7 +125,10 @@ def derive(rows: list[dict], copy_bw: float) -> list[dict]:
 
 
 def check_targets(rows: list[dict], H: int = 7168) -> dict[str, bool]:
-    """The launch-lean issue's targets (only the widths and token counts that were measured)."""
+    """hc_head's performance targets, each met or missed: the fused kernel's eager time per call
+    and its time in a CUDA graph, its lead over SGLang's ``fused_hc_head`` and the RMSNorm's
+    overhead. Each holds at width ``H`` (at every width where its name says so) over the token
+    counts that were measured; a target with no measured row counts as missed."""
     def col(provider, cond, value, limit, width=H):
         vals = [r.get(value) for r in rows
                 if (width is None or r["H"] == width) and r["provider"] == provider and cond(r)]
