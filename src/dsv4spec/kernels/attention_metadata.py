@@ -14,9 +14,10 @@ Written extent of row ``r`` (``seq_len = seq_lens[r]``), everything else untouch
   + C128_SLACK))``, ``page_table[r, j // cps] * cps + j % cps`` below ``seq_len // 128`` and -1
   above it (``cps = page_size // 128``).
 
-The slack covers consumers that read a tile past their valid count (FlashMLA reads sparse indices
-in blocks of 64, the indexer's paged logits read the block table per split); see
-``dsv4spec.ops.attention_metadata`` for the consumer-by-consumer argument.
+Every consumer SGLang 0.5.23 runs on SM90 reads within ``cdiv(seq_len, page_size)`` page-table
+columns and ``round_up(max(seq_len // 128, 1), 64)`` C128 entries (the argument, consumer by
+consumer, with the DeepGEMM and FlashMLA sources it rests on: ``dsv4spec.ops.attention_metadata``);
+the slacks are margin beyond that.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Page-table columns written past the last live page of a row.
+# Page-table columns written past the last live page of a row. The readers' source bounds their
+# reads by the live pages (none reads column cdiv(seq_len, page_size) or beyond); the 16 columns
+# (1,024 C4 positions, four of DeepGEMM's 256-position splits) keep a reader that rounds its
+# reach up to a whole split inside what is written.
 PAGE_TABLE_SLACK = 16
-# FlashMLA's sparse-decode block of indices; the C128 extent is rounded up to it ...
+# FlashMLA's sparse-decode block (TOPK_BLOCK_SIZE): it reads the C128 indices by blocks of 64
+# below round_up(extra_topk_length, 64), so the extent is rounded up to it ...
 C128_BLOCK = 64
-# ... and extended by this many entries.
+# ... and extended by one further block, covering one block of index prefetch past the last.
 C128_SLACK = 64
 # Vector widths (elements per loop step). One step covers 128 pages (32K tokens at 256 per page).
 PAGE_BLOCK = 128

@@ -9,26 +9,59 @@ return tensors of the same shapes and dtypes whose values equal SGLang's everywh
 reads them; each row's table is written only up to its extent (:func:`page_table_extent`,
 :func:`c128_index_extent`), the rest is left as allocated.
 
-Why nothing reads past the extent (SGLang 0.5.23, SM90 target-verify and draft-decode paths):
+Why nothing reads past the extent. The consumers are those of SGLang 0.5.23's SM90 target-verify
+and draft-decode graphs, the only calls where the SGLang plugin runs these ops (its tables; eager
+calls, which include every extend/prefill build, keep SGLang's); paths are under ``sglang/``:
 
-- page table: read by (1) the C128 page-index builder, at columns ``j // (page_size // 128)`` for
-  ``j < seq_len // 128`` only (SGLang's kernel loads further columns and discards them with its
-  ``where``; ours does not load them), i.e. below ``cdiv(seq_len, page_size)``; (2) the C4
-  indexer (``PagedIndexerMetadata.page_table``): DeepGEMM's paged MQA logits read the block table
-  for compressed positions below ``c4_topk_lengths_raw = seq_len // 4``, in splits of a few
-  64-entry blocks, and the top-k transform maps selected positions, all below that length; one
-  column holds 64 compressed positions, so the reads stay within ``cdiv(seq_len, page_size)``
-  columns plus a split's rounding, which :data:`~dsv4spec.kernels.attention_metadata.
-  PAGE_TABLE_SLACK` columns cover; (3) ``max_seq_len`` properties, ``copy_`` between metadata
-  objects and row padding (``F.pad``), which read the shape or copy the bytes without
-  interpreting them. The non-paged indexer plan, the low-ratio (DSV4.1) and HIP readers, context
-  parallelism and sparse prefill are extend/prefill or other-model paths these builders' hooked
-  calls do not feed.
-- C128 page indices: read by FlashMLA's sparse decode as the extra cache's indices with
-  ``extra_topk_length = max(seq_len // 128, 1)``, in blocks of 64 indices, so entries below that
-  length rounded up to 64 (SGLang writes -1 from ``seq_len // 128`` on, and so do we up to the
-  extent, which adds a further 64). The TRT-LLM table copy (``init_trtllm_sparse_buffers``)
-  reads the whole row but runs only with ``trtllm_attn`` (SM100), never on SM90.
+- page table, (1) the C128 page-index builder reads columns ``j // (page_size // 128)`` for
+  ``j < seq_len // 128`` (SGLang's kernel loads further columns and discards them in its
+  ``where``; ours does not load them): below ``cdiv(seq_len, page_size)``.
+- page table, (2) the C4 indexer (``srt/layers/attention/dsv4/indexer.py``, ``run_paged_indexer``)
+  passes it as ``block_table`` to DeepGEMM's ``fp8_paged_mqa_logits`` with
+  ``context_lens = c4_topk_lengths_raw = seq_len // 4`` as an ``[R, 1]`` tensor (next_n 1: the
+  C4 ``PagedIndexerMetadata`` has ``rows_per_request = 1``, so block-table row = query row).
+  SGLang pins ``sgl-deep-gemm==0.2.3.post2``, whose run-time-compiled headers
+  ``deep_gemm/include/deep_gemm/impls/sm90_fp8_paged_mqa_logits.cuh`` and
+  ``.../scheduler/sm90_paged_mqa_logits.cuh`` are byte-identical to deepseek-ai/DeepGEMM commit
+  54e22612409371d6364144b69086735beb54e98b. There, kernel ``sm90_fp8_paged_mqa_logits`` (its TMA
+  warps) loads ``block_table[q, c]`` only under ``c < num_kv`` (else it uses 0), where
+  ``SM90PagedMQALogitsScheduler::refresh_num_kv_and_advance`` sets
+  ``num_kv = ceil_div(context_lens[q], BLOCK_KV)`` and the host (``csrc/apis/attention.hpp``,
+  ``fp8_fp4_paged_mqa_logits``) requires ``BLOCK_KV == 64`` on SM90 and reads only the table's
+  shape and stride; the schedule kernel ``sm90_paged_mqa_logits_metadata`` reads only
+  ``context_lens``. So the last column read is ``cdiv(seq_len // 4, 64) - 1``, below
+  ``cdiv(seq_len, 256)``: within the live pages, no slack needed. The same table then feeds the
+  top-k transforms, which map selected positions ``i < seq_len // 4`` through column ``i >> 6``
+  (``kernels/jit/csrc/deepseek_v4/topk_v1.cuh`` ``page_to_indices``, ``topk_v2.cuh``
+  ``trivial_transform``/``paged_transform``; the torch backend gathers only such columns), and
+  the TileLang indexer (``SGLANG_OPT_USE_TILELANG_INDEXER``) reads ``page_table[r, i]`` for
+  ``i < cdiv(seq_len // 4, 64)``. Two readers are not bounded by source read here, and the plugin
+  steps aside whenever SGLang is configured to use them: ``fp8_paged_mqa_logits_torch``
+  (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``) gathers every column, and FlashInfer's fused
+  ``top_k_page_table_transform`` (``--dsa-topk-backend flashinfer`` or
+  ``--speculative-dsa-topk-backend flashinfer``; flashinfer_python 0.7.2, source not read).
+- page table, (3) ``max_seq_len`` properties, ``copy_`` between metadata objects and row padding
+  (``F.pad``) read the shape or copy the bytes without interpreting them. The low-ratio (DSV4.1),
+  HIP, SM120, context-parallel, non-paged-indexer and sparse-prefill readers are other models,
+  other architectures, or extend/prefill builds, all outside these calls. The sparse-prefill
+  gathers (``srt/layers/attention/dsv4/sparse_prefill_utils.py``, ``ensure_compressed`` and
+  ``ensure_c128``) do read every row up to the batch's longest, which is why an eager entry in
+  the plugin's tables needs those covered first.
+- C128 page indices: FlashMLA's sparse decode reads them as the extra cache's indices with
+  ``extra_topk_length = max(seq_len // 128, 1)``. On SM90 SGLang calls
+  ``flash_mla.flash_mla_with_kvcache`` (``sgl-flash-mla==1.0.0``) with ``use_legacy=True``; that
+  wheel's legacy kernel is compiled from ``csrc_legacy/kernels/sm90/decode/sparse/splitkv_mla.cuh``,
+  not published in the sources read. The readable kernel, ``csrc/sm90/decode/sparse_fp8/
+  splitkv_mla.cuh`` at deepseek-ai/FlashMLA 9241ae3ef9bac614dd25e45e507e089f888280e0 (unchanged
+  since 082094b, the same in sgl-project/FlashMLA's main, sgl and rebase branches), loads extra
+  indices only in blocks ``[b * 64, (b + 1) * 64)`` with ``b < ceil(extra_topk_length / 64)``
+  (``get_cur_req_info``'s ``end_block_idx``; the next-block prefetch stops at it) and turns every
+  entry at or past ``extra_topk_length`` into -1 before using it. So entries below
+  ``round_up(extra_topk_length, 64)`` are read; the extent adds one more block of 64
+  (``C128_SLACK``) for a prefetch one block further. SGLang writes -1 from ``seq_len // 128`` on,
+  and so do we up to the extent. FlashMLA's scheduler (``flashmla_sched_meta``, SM100 only in
+  SGLang) reads only the lengths. The TRT-LLM table copy (``init_trtllm_sparse_buffers``) reads
+  the whole row but runs only with ``trtllm_attn`` (SM100), never on SM90.
 
 The small per-row outputs (lengths, positions, cache-write locations) are always written.
 """
