@@ -5,6 +5,7 @@ from types import ModuleType
 import pytest
 
 from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
+from dsv4spec.integrations.sglang import metadata as metadata_hooks
 from dsv4spec.integrations.sglang import mhc as mhc_hooks
 from dsv4spec.integrations.sglang import plugin, register
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
@@ -12,8 +13,10 @@ from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
 from . import standins
 
 SWITCHES = tuple(dict.fromkeys(hook.switch for hook in plugin.HOOKS))
-ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE = (hook.target for hook in plugin.HOOKS)
+(ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE,
+ COMPRESSED) = (hook.target for hook in plugin.HOOKS)
 MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
+METADATA_TARGETS = (PAGE_TABLE, COMPRESSED)
 
 
 @dataclass
@@ -27,6 +30,9 @@ class FakeSGLang:
     target: ModuleType
     originals: dict  # hook target -> SGLang's method with a call counter, taken before hooking
     mhc: ModuleType | None = None  # sglang.kernels.ops.layernorm.mhc (SGLang's own file)
+    # sglang.kernels.ops.attention.dsv4.{attn_metadata_kernels,metadata_kernel} (SGLang's files)
+    page_metadata: ModuleType | None = None
+    c128_metadata: ModuleType | None = None
 
     def install(self) -> list[str]:
         """What SGLang's ``load_plugins()`` does with the plugin: register, then apply."""
@@ -51,6 +57,8 @@ def sgl(monkeypatch):
     monkeypatch.setattr(hc_head_hooks, "_deterministic", None)
     monkeypatch.setattr(mhc_hooks, "_warned", set())
     monkeypatch.setattr(mhc_hooks, "_compiled", set())
+    monkeypatch.setattr(metadata_hooks, "_warned", set())
+    monkeypatch.setattr(metadata_hooks, "_compiled", set())
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
     try:
         standins.install_packages()
@@ -61,6 +69,7 @@ def sgl(monkeypatch):
         nextn = standins.add_module(standins.NEXTN_MOD, standins.nextn_module())
         target = standins.add_module(standins.TARGET_MOD, standins.target_module())
         mhc = standins.mhc_module()
+        page_metadata, c128_metadata = standins.metadata_modules()
         originals = {
             ROLLBACK: pool.DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states,
             DRAFT: nextn.DeepseekV4ModelNextN.hc_head,
@@ -68,9 +77,11 @@ def sgl(monkeypatch):
             MHC_PRE: mhc.mhc_pre,
             MHC_POST: mhc.mhc_post,
             MHC_POST_PRE: mhc.mhc_fused_post_pre,
+            PAGE_TABLE: page_metadata.build_page_table_positions_triton,
+            COMPRESSED: c128_metadata._init_compressed_attn_metadata_triton,
         }
         yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
-                         mhc)
+                         mhc, page_metadata, c128_metadata)
         registry.HookRegistry.reset()
     finally:
         for name in [name for name in sys.modules if _is_sglang(name)]:

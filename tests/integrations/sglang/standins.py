@@ -34,11 +34,15 @@ NEXTN_MOD = "sglang.srt.models.deepseek_v4_nextn"
 TARGET_MOD = "sglang.srt.models.deepseek_v4"
 MHC_HEAD_MOD = "sglang.kernels.ops.layernorm.mhc_head"
 REGISTRY_MOD = "sglang.srt.plugins.hook_registry"
+PAGE_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels"
+C128_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.metadata_kernel"
+RUNTIME_CONTEXT_MOD = "sglang.srt.runtime_context"
 # CUDA where present (SGLang's kernels and ours run for real), else the CPU in Triton's interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PACKAGES = ("sglang", "sglang.srt", "sglang.srt.plugins", "sglang.srt.mem_cache",
             "sglang.srt.models", "sglang.kernels", "sglang.kernels.ops",
-            "sglang.kernels.ops.layernorm")
+            "sglang.kernels.ops.layernorm", "sglang.kernels.ops.attention",
+            "sglang.kernels.ops.attention.dsv4")
 
 
 @functools.cache
@@ -394,3 +398,28 @@ def decoder_layer_class(target: types.ModuleType) -> type:
     DeepseekV4DecoderLayerBase.__module__ = TARGET_MOD
     target.DeepseekV4DecoderLayerBase = DeepseekV4DecoderLayerBase
     return DeepseekV4DecoderLayerBase
+
+
+def metadata_modules(topk_backend: str = "sgl-kernel",
+                     draft_topk_backend: str = "sgl-kernel") -> tuple[types.ModuleType,
+                                                                   types.ModuleType]:
+    """SGLang's own DSV4 metadata kernel files (``attn_metadata_kernels.py``,
+    ``metadata_kernel.py``) at their dotted paths, executed by path over the benchmark's
+    stand-ins; the stand-in runtime context answers ``get_exec()`` and ``get_spec()`` with the
+    given DSA top-k backends (SGLang's defaults unless told), as a server publishes them."""
+    from dsv4spec.bench.metadata import load_sglang_metadata_kernels
+
+    page, c128 = load_sglang_metadata_kernels(PAGE_METADATA_MOD, C128_METADATA_MOD)
+    add_module(PAGE_METADATA_MOD, page)
+    add_module(C128_METADATA_MOD, c128)
+    set_topk_backends(topk_backend, draft_topk_backend)
+    return page, c128
+
+
+def set_topk_backends(topk_backend: str, draft_topk_backend: str) -> None:
+    """The DSA top-k backends the stand-in runtime context publishes (target, draft)."""
+    context = sys.modules[RUNTIME_CONTEXT_MOD]
+    kernel = types.SimpleNamespace(dsa_topk_backend=topk_backend)
+    context.get_exec = lambda: types.SimpleNamespace(kernel=kernel)
+    spec = types.SimpleNamespace(speculative_dsa_topk_backend=draft_topk_backend)
+    context.get_spec = lambda: spec

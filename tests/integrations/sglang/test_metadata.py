@@ -5,11 +5,12 @@ at call time)."""
 
 import ast
 import logging
+import sys
 
 import pytest
 import torch
 
-from dsv4spec.bench.metadata import BACKEND_FILE, C128_FILE, PAGE_FILE, load_sglang_metadata_kernels
+from dsv4spec.bench.metadata import BACKEND_FILE, C128_FILE, PAGE_FILE
 from dsv4spec.integrations.hooks import GuardedHook
 from dsv4spec.integrations.sglang import metadata as hooks
 from dsv4spec.integrations.sglang import plugin
@@ -21,34 +22,29 @@ from ...kernels.attention_metadata_support import (
     written_mask,
 )
 from . import standins
+from .conftest import COMPRESSED as C128_TARGET
+from .conftest import PAGE_TABLE as PAGE_TARGET
+from .standins import C128_METADATA_MOD as C128_MOD
+from .standins import PAGE_METADATA_MOD as PAGE_MOD
 from .standins import class_node, function_node
 
-PAGE_MOD, C128_MOD = (hook.module for hook in plugin.METADATA_HOOKS)
-PAGE_TARGET, C128_TARGET = (hook.target for hook in plugin.METADATA_HOOKS)
 SWITCH = "DSV4SPEC_SGLANG_METADATA"
+METADATA_HOOKS = tuple(hook for hook in plugin.HOOKS if hook.switch == SWITCH)
 LOGGER = "dsv4spec.integrations.sglang"
 PAGE, PAGES = 256, 64
 CONTEXT = PAGE * PAGES
 LENGTHS = [1, 2, 128, 256, 257, 3000, 3001, 3002, CONTEXT]
+# The shipped tables' measured shape: 1M tokens of capacity in 256-token pages.
+MEASURED_PAGES = 4096
+MEASURED_ROWS = (1, 512)
 
 
 @pytest.fixture
-def meta(sgl, monkeypatch):
-    """``sgl`` plus SGLang's two metadata kernel files at their dotted paths."""
-    monkeypatch.delenv(SWITCH, raising=False)
-    monkeypatch.setattr(hooks, "_warned", set())
-    monkeypatch.setattr(hooks, "_compiled", set())
-    for package in ("sglang.kernels.ops.attention", "sglang.kernels.ops.attention.dsv4"):
-        module = type(standins)(package)
-        module.__path__ = []
-        standins.add_module(package, module)
-    page_mod, c128_mod = load_sglang_metadata_kernels(PAGE_MOD, C128_MOD)
-    standins.add_module(PAGE_MOD, page_mod)
-    standins.add_module(C128_MOD, c128_mod)
-    sgl.originals[PAGE_TARGET] = page_mod.build_page_table_positions_triton
-    sgl.originals[C128_TARGET] = c128_mod._init_compressed_attn_metadata_triton
+def meta(sgl):
+    """``sgl`` (with SGLang's two metadata kernel files at their dotted paths), in Triton's
+    interpreter where there is no GPU."""
     with interpreter_loop_bounds():
-        yield sgl, page_mod, c128_mod
+        yield sgl, sgl.page_metadata, sgl.c128_metadata
 
 
 def fill_tables(monkeypatch, rows=(1, 10_000)):
@@ -74,18 +70,18 @@ def batch(seed=0):
     return make_batch(3, LENGTHS, CONTEXT, seed=seed)
 
 
-def page_call(page_mod, x):
+def page_call(page_mod, x, context=CONTEXT):
     """SGLang's own path from the backend: ``BuildPageTablePositions.triton`` (what ``execute``
     runs on CUDA inputs)."""
     return page_mod.BuildPageTablePositions.triton(
         req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
-        seq_lens_casual=x["seq_lens"], max_seq_len=CONTEXT, page_size=PAGE, swa_window=128)
+        seq_lens_casual=x["seq_lens"], max_seq_len=context, page_size=PAGE, swa_window=128)
 
 
-def page_original(sgl, x):
+def page_original(sgl, x, context=CONTEXT):
     return sgl.originals[PAGE_TARGET](
         req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
-        seq_lens_casual=x["seq_lens"], max_seq_len=CONTEXT, page_size=PAGE, swa_window=128)
+        seq_lens_casual=x["seq_lens"], max_seq_len=context, page_size=PAGE, swa_window=128)
 
 
 def assert_page_result(actual, expected, seq_lens, page_mod):
@@ -93,7 +89,7 @@ def assert_page_result(actual, expected, seq_lens, page_mod):
     for name in ("seq_lens_casual", "positions_casual", "swa_topk_lengths"):
         assert torch.equal(getattr(actual, name), getattr(expected, name)), name
     written = written_mask(tuple(actual.page_table.shape),
-                           page_table_extent(seq_lens, PAGES, PAGE))
+                           page_table_extent(seq_lens, actual.page_table.shape[1], PAGE))
     assert actual.page_table.shape == expected.page_table.shape
     assert torch.equal(actual.page_table[written], expected.page_table[written])
 
@@ -109,7 +105,8 @@ def assert_compressed_result(actual, expected, seq_lens):
 # --- SGLang's source: the targets and how the backend reaches them ------------------------------
 
 def test_targets_and_call_chains_in_sglang_source():
-    for hook, relpath in zip(plugin.METADATA_HOOKS, (PAGE_FILE, C128_FILE)):
+    assert [hook.target for hook in METADATA_HOOKS] == [PAGE_TARGET, C128_TARGET]
+    for hook, relpath in zip(METADATA_HOOKS, (PAGE_FILE, C128_FILE)):
         fn = function_node(relpath, hook.attr)
         assert tuple(a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs) == (
             hook.params)
@@ -157,9 +154,9 @@ def test_switch_off_installs_neither(meta, monkeypatch):
 
 # --- behaviour through SGLang's call chains ----------------------------------------------------
 
-def test_empty_tables_keep_sglang_everywhere(meta, monkeypatch):
+def test_widths_the_tables_lack_keep_sglang_everywhere(meta, monkeypatch):
     sgl, page_mod, c128_mod = meta
-    sgl.install()
+    sgl.install()  # the shipped tables: nothing measured at this width
     calls = counted(monkeypatch, "build_page_table_positions")
     calls += counted(monkeypatch, "init_compressed_attn_metadata")
     x = batch()
@@ -273,6 +270,131 @@ def test_first_sight_inside_a_capture_steps_aside(meta, monkeypatch):
     hooks._compiled.add((hooks.PAGE_TABLE, 0, "k"))
     assert hooks._run(hooks.PAGE_TABLE, cuda, 4, PAGES, ("k",), lambda: "ours") == "ours"
     assert calls == []
+
+
+# --- the shipped tables ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", [hooks.PAGE_TABLE, hooks.COMPRESSED])
+def test_shipped_tables_prefer_ours_in_graphs_at_the_measured_shape_only(op):
+    lo, hi = MEASURED_ROWS
+    for rows in (lo, 4, 8, 32, 128, hi):
+        assert hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, True, (9, 0)), rows
+        assert not hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, False, (9, 0)), rows
+    for rows in (0, hi + 1, 4096):
+        assert not hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, True, (9, 0)), rows
+    for pages in (PAGES, MEASURED_PAGES // 2, MEASURED_PAGES * 2):
+        assert not hooks.prefers_dsv4spec(op, lo, pages, True, (9, 0)), pages
+    for architecture in ((8, 0), (10, 0), (12, 0), None):
+        assert not hooks.prefers_dsv4spec(op, lo, MEASURED_PAGES, True, architecture)
+
+
+def test_shipped_tables_through_sglang_call_chains(meta, monkeypatch):
+    """At the measured width: eagerly SGLang's results (ours launched once, to compile for the
+    capture), inside a capture ours, with SGLang's values over every written extent."""
+    sgl, page_mod, c128_mod = meta
+    sgl.install()
+    page_calls = counted(monkeypatch, "build_page_table_positions")
+    c128_calls = counted(monkeypatch, "init_compressed_attn_metadata")
+    capacity = PAGE * MEASURED_PAGES
+    x = make_batch(3, [1, 300, 70_000, 70_001, capacity - 1, capacity], capacity, seed=8)
+
+    def step():  # make_core_attn_metadata's two calls
+        prep = page_call(page_mod, x, capacity)
+        return prep, c128_mod.init_compression_metadata(
+            prep.seq_lens_casual, x["positions"], x["out_loc"], prep.page_table, PAGE, True)
+
+    expected = page_original(sgl, x, capacity)
+    want = sgl.originals[C128_TARGET](x["seq_lens"], x["positions"], x["out_loc"],
+                                      expected.page_table, PAGE, True)
+    prep, out = step()
+    assert torch.equal(prep.page_table, expected.page_table)  # SGLang's, every column
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+    assert page_calls == [1] and c128_calls == [1], "ours compiled, its result dropped"
+    monkeypatch.setattr(hooks, "_capturing", lambda index: True)
+    prep, out = step()
+    assert page_calls == [1, 1] and c128_calls == [1, 1]
+    assert_page_result(prep, expected, x["seq_lens"], page_mod)
+    assert_compressed_result(out, want, x["seq_lens"])
+
+
+def test_shipped_tables_inside_a_capture_beyond_the_measured_rows_keep_sglang(meta, monkeypatch):
+    monkeypatch.setattr(hooks, "_capturing", lambda index: True)
+    cpu = torch.device("cpu")
+    lo, hi = MEASURED_ROWS
+    for op in (hooks.PAGE_TABLE, hooks.COMPRESSED):
+        hooks._compiled.add((op, -1, "k"))
+        assert hooks._run(op, cpu, hi, MEASURED_PAGES, ("k",), lambda: "ours") == "ours"
+        assert hooks._run(op, cpu, hi + 1, MEASURED_PAGES, ("k",), lambda: 1 / 0) is (
+            hooks.STEP_ASIDE)
+        assert hooks._run(op, cpu, lo, MEASURED_PAGES // 2, ("k",), lambda: 1 / 0) is (
+            hooks.STEP_ASIDE)
+
+
+# --- page-table readers the source does not bound -----------------------------------------------
+
+def _torch_paged_logits(monkeypatch):
+    monkeypatch.setenv(hooks.TORCH_PAGED_LOGITS_ENV, "1")
+    return hooks.TORCH_PAGED_LOGITS_ENV
+
+
+def _flashinfer_topk(monkeypatch):
+    standins.set_topk_backends("flashinfer", "sgl-kernel")
+    return "flashinfer"
+
+
+def _flashinfer_draft_topk(monkeypatch):
+    standins.set_topk_backends("sgl-kernel", "flashinfer")
+    return "flashinfer"
+
+
+def _unpublished_configuration(monkeypatch):
+    def get_exec():
+        raise ValueError("exec is not published")
+
+    monkeypatch.setattr(sys.modules[standins.RUNTIME_CONTEXT_MOD], "get_exec", get_exec)
+    return "not published"
+
+
+@pytest.mark.parametrize("configure", [
+    pytest.param(_torch_paged_logits, id="torch paged MQA logits"),
+    pytest.param(_flashinfer_topk, id="flashinfer top-k"),
+    pytest.param(_flashinfer_draft_topk, id="flashinfer draft top-k"),
+    pytest.param(_unpublished_configuration, id="configuration not readable"),
+])
+def test_unbounded_page_table_reader_keeps_sglang_page_table(meta, monkeypatch, caplog,
+                                                             configure):
+    sgl, page_mod, c128_mod = meta
+    fill_tables(monkeypatch)
+    sgl.install()
+    page_calls = counted(monkeypatch, "build_page_table_positions")
+    c128_calls = counted(monkeypatch, "init_compressed_attn_metadata")
+    assert hooks.unbounded_reader() is None
+    said = configure(monkeypatch)
+    assert said in hooks.unbounded_reader()
+    x = batch(6)
+    expected = page_original(sgl, x)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(2):
+            prep = page_call(page_mod, x)
+            assert torch.equal(prep.page_table, expected.page_table)  # SGLang's, every column
+    assert page_calls == []
+    records = [r for r in caplog.records if r.name == LOGGER and "own runs" in r.getMessage()]
+    assert len(records) == 1 and said in records[0].getMessage()
+    assert sgl.registry._hooks[PAGE_TARGET][0][1].enabled
+    # The C128 indices' readers are bounded whatever reads the page table: ours still runs.
+    out = c128_mod.init_compression_metadata(x["seq_lens"], x["positions"], x["out_loc"],
+                                             prep.page_table, PAGE, True)
+    want = sgl.originals[C128_TARGET](x["seq_lens"], x["positions"], x["out_loc"],
+                                      prep.page_table, PAGE, True)
+    assert c128_calls == [1]
+    assert_compressed_result(out, want, x["seq_lens"])
+
+
+def test_without_sglang_runtime_context_no_reader_is_configured(meta, monkeypatch):
+    monkeypatch.delitem(sys.modules, standins.RUNTIME_CONTEXT_MOD)
+    assert hooks.unbounded_reader() is None
+    monkeypatch.setenv(hooks.TORCH_PAGED_LOGITS_ENV, "true")
+    assert hooks.TORCH_PAGED_LOGITS_ENV in hooks.unbounded_reader()
 
 
 # --- GPU: SGLang's call chain captured in a CUDA graph, replayed with new lengths ---------------

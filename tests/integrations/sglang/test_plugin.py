@@ -10,9 +10,18 @@ import pytest
 from dsv4spec.integrations.sglang import plugin, source
 
 from . import standins
-from .conftest import DRAFT, MHC_POST, MHC_POST_PRE, MHC_PRE, ROLLBACK, TARGET
+from .conftest import (
+    COMPRESSED,
+    DRAFT,
+    MHC_POST,
+    MHC_POST_PRE,
+    MHC_PRE,
+    PAGE_TABLE,
+    ROLLBACK,
+    TARGET,
+)
 
-TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE)
+TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED)
 LOGGER = "dsv4spec.integrations.sglang"
 OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
@@ -21,6 +30,8 @@ OWNERS = {  # hook target -> (module, class or None for a module-level function,
     MHC_PRE: (standins.MHC_MOD, None, "mhc_pre"),
     MHC_POST: (standins.MHC_MOD, None, "mhc_post"),
     MHC_POST_PRE: (standins.MHC_MOD, None, "mhc_fused_post_pre"),
+    PAGE_TABLE: (standins.PAGE_METADATA_MOD, None, "build_page_table_positions_triton"),
+    COMPRESSED: (standins.C128_METADATA_MOD, None, "_init_compressed_attn_metadata_triton"),
 }
 
 
@@ -35,7 +46,8 @@ def registered(sgl):
             for target, hooks in sgl.registry._hooks.items() if hooks}
 
 
-def test_register_installs_exactly_six_around_hooks(sgl):
+def test_register_installs_one_around_hook_per_target(sgl):
+    assert len(TARGETS) == len(plugin.HOOKS) == 8
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}
@@ -91,11 +103,27 @@ def _drop_online_c128(sgl):
     return ROLLBACK
 
 
+def _drop_metadata_module(sgl):
+    del sys.modules[standins.C128_METADATA_MOD]
+    return COMPRESSED
+
+
+def _change_metadata_parameters(sgl):
+    def build_page_table_positions_triton(*, req_to_token, req_pool_indices_repeated,
+                                          seq_lens_casual, max_seq_len, page_size):
+        raise AssertionError("never called")
+
+    sgl.page_metadata.build_page_table_positions_triton = build_page_table_positions_triton
+    return PAGE_TABLE
+
+
 @pytest.mark.parametrize("break_target", [
     pytest.param(_drop_method, id="class without the method"),
     pytest.param(_drop_module, id="module absent"),
     pytest.param(_change_parameters, id="method with other parameters"),
     pytest.param(_drop_online_c128, id="pool module without ONLINE_C128"),
+    pytest.param(_drop_metadata_module, id="metadata module absent"),
+    pytest.param(_change_metadata_parameters, id="metadata function with other parameters"),
 ])
 def test_missing_target_is_skipped_with_a_log_line(sgl, caplog, break_target):
     broken = break_target(sgl)
@@ -156,7 +184,7 @@ def test_importing_dsv4spec_does_not_import_sglang():
     code = (
         "import sys\n"
         "import dsv4spec, dsv4spec.ops, dsv4spec.integrations.sglang\n"
-        "from dsv4spec.integrations.sglang import hc_head, mhc, rollback, source\n"
+        "from dsv4spec.integrations.sglang import hc_head, metadata, mhc, rollback, source\n"
         "root, version = source.sglang_root(), source.sglang_version()\n"
         "leaked = sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.'))\n"
         "assert not leaked, leaked\n"

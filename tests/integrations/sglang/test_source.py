@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from dsv4spec.bench.metadata import C128_FILE, PAGE_FILE
 from dsv4spec.integrations.sglang import plugin
 from dsv4spec.integrations.sglang.source import (
     ROOT_ENV,
@@ -24,6 +25,8 @@ FILES = {  # module of a hook target -> file inside the sglang package
     standins.NEXTN_MOD: standins.NEXTN_FILE,
     standins.TARGET_MOD: standins.TARGET_FILE,
     standins.MHC_MOD: standins.MHC_FILE,
+    standins.PAGE_METADATA_MOD: PAGE_FILE,
+    standins.C128_METADATA_MOD: C128_FILE,
 }
 
 

@@ -20,13 +20,16 @@ with the same shapes, dtypes and values wherever a consumer reads them (the argu
 by consumer: :mod:`dsv4spec.ops.attention_metadata`), and step aside (SGLang's function runs with
 the same arguments) on ROCm, under ``torch.compile``, where Triton cannot run, for inputs the ops
 do not take (their checks raise before anything is written), for a launch shape first seen
-inside a CUDA-graph capture (nothing compiles there), and wherever the measured tables below do
-not say dsv4spec's kernel is faster.
+inside a CUDA-graph capture (nothing compiles there), wherever the measured tables below do
+not say dsv4spec's kernel is faster, and, for the page table, while SGLang is configured to use a
+reader of it whose reads past the live pages no source read bounds (:func:`unbounded_reader`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -55,16 +58,27 @@ COMPRESSED = "_init_compressed_attn_metadata_triton"
 # Where dsv4spec's kernel beat SGLang's, per GPU architecture (compute capability) and mode
 # ("graph": device time in a CUDA graph; "eager": host wall time per back-to-back eager call),
 # keyed by the page table's width in pages (``cdiv(max_seq_len, page_size)``, 4096 at 1M tokens
-# and 256-token pages): inclusive ranges of query rows whose measured points all won. Source:
-# benchmarks/results/metadata.md (``dsv4spec bench metadata``). Empty until measured: every call
-# steps aside. Filling one architecture is one line, e.g.
-#   (9, 0): {"graph": {4096: ((1, 512),)}, "eager": {4096: ((1, 512),)}},
-SGLANG_PAGE_TABLE_FASTER: FasterTable = {(9, 0): {"graph": {}, "eager": {}}}
-SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {}, "eager": {}}}
+# and 256-token pages): inclusive ranges of query rows whose measured points all won.
+# Source: benchmarks/results/metadata.md (H200, 2026-12-01, ``dsv4spec bench metadata --quick
+# --modes verify decode``): in a graph both ops won at every measured point, 1 to 512 rows
+# (verify and decode shapes, 4K and 64K live tokens) at width 4096; eager, where these calls are
+# launch-bound, they lost at every point, so eager stays empty (eager calls also include every
+# extend/prefill build, whose sparse-prefill readers the argument in
+# dsv4spec.ops.attention_metadata does not cover).
+SGLANG_PAGE_TABLE_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
+SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,
 }
+
+# Readers of the page table not bounded by the live pages in the sources read (see
+# dsv4spec.ops.attention_metadata): SGLang's torch paged MQA logits, switched on by this variable,
+# gather every column; FlashInfer's top-k page-table transform, chosen by this DSA top-k backend,
+# is compiled from flashinfer_python 0.7.2, whose source for it was not read.
+TORCH_PAGED_LOGITS_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
+UNREAD_TOPK_BACKEND = "flashinfer"
+_TRUE_VALUES = ("true", "1", "yes", "y")  # SGLang's EnvBool
 
 _warned: set[str] = set()
 # Launch keys dsv4spec's kernel has run eagerly (so compiled): inside a capture only these run.
@@ -90,6 +104,58 @@ def prefers_dsv4spec(op: str, rows: int, num_pages: int, in_graph: bool,
     return measured_faster(TABLES[op], architecture, num_pages, rows, in_graph)
 
 
+def unbounded_reader() -> str | None:
+    """The page-table reader SGLang is configured to use whose reads past each row's live pages
+    are not bounded by the sources read, or None when every configured reader is bounded.
+
+    Read from SGLang's own environment fields and runtime configuration where this process has
+    loaded them (``sglang.srt.environ``, ``sglang.srt.runtime_context``); configuration that is
+    loaded but not readable counts as unbounded. A process without SGLang's runtime context runs
+    no SGLang consumer.
+    """
+    environ = sys.modules.get("sglang.srt.environ")
+    field = getattr(getattr(environ, "envs", None), TORCH_PAGED_LOGITS_ENV, None)
+    try:
+        torch_logits = (field.get() if field is not None
+                        else os.environ.get(TORCH_PAGED_LOGITS_ENV, "").lower() in _TRUE_VALUES)
+    except Exception as e:  # noqa: BLE001 - SGLang rejects a malformed value
+        return f"{TORCH_PAGED_LOGITS_ENV} is not readable ({e})"
+    if torch_logits:
+        return (f"{TORCH_PAGED_LOGITS_ENV} is on: SGLang's torch paged MQA logits read every "
+                "page-table column")
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is None:
+        return None
+    try:
+        backends = (context.get_exec().kernel.dsa_topk_backend,
+                    context.get_spec().speculative_dsa_topk_backend)
+    except Exception as e:  # noqa: BLE001 - not published, or fields renamed
+        return f"SGLang's DSA top-k backends are not readable ({type(e).__name__}: {e})"
+    if UNREAD_TOPK_BACKEND in backends:
+        return (f"the DSA top-k backend is {UNREAD_TOPK_BACKEND} (its page-table transform is "
+                "not known to stay within the live pages)")
+    return None
+
+
+def _readers_bounded(op: str) -> bool:
+    """Whether every configured reader of ``op``'s output stays within what ours writes (the C128
+    indices' readers always do; the page table's see :func:`unbounded_reader`)."""
+    if op != PAGE_TABLE:
+        return True
+    reason = unbounded_reader()
+    if reason is None:
+        return True
+    if reason not in _warned:
+        _warned.add(reason)
+        logger.warning("dsv4spec: SGLang %s: SGLang's own runs: %s", op, reason)
+    return False
+
+
+def _capturing(index: int) -> bool:
+    """Whether CUDA device ``index``'s current stream is capturing a graph (never the CPU, -1)."""
+    return index >= 0 and stream_capturing(index)
+
+
 def _run(op: str, device: torch.device, rows: int, num_pages: int, key: tuple, launch) -> Any:
     """``launch()`` where the table prefers ours for this call, else STEP_ASIDE.
 
@@ -103,15 +169,17 @@ def _run(op: str, device: torch.device, rows: int, num_pages: int, key: tuple, l
         index = torch.cuda.current_device()
     architecture = gpu_architecture(index)
     key = (op, index, *key)
-    if index >= 0 and stream_capturing(index):
-        if key in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture):
+    if _capturing(index):
+        if (key in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture)
+                and _readers_bounded(op)):
             return launch()
         return STEP_ASIDE
-    if prefers_dsv4spec(op, rows, num_pages, False, architecture):
+    if prefers_dsv4spec(op, rows, num_pages, False, architecture) and _readers_bounded(op):
         result = launch()
         _compiled.add(key)
         return result
-    if key not in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture):
+    if (key not in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture)
+            and _readers_bounded(op)):
         launch()
         _compiled.add(key)
     return STEP_ASIDE

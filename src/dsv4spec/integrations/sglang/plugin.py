@@ -19,7 +19,7 @@ from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
-__all__ = ["HOOKS", "METADATA_HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
+__all__ = ["HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
 
 
 def _rollback_hook(module: ModuleType) -> Callable:
@@ -90,11 +90,8 @@ HOOKS = (
          _mhc_hook("mhc_post")),
     Hook("mHC mhc_fused_post_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_fused_post_pre",
          _MHC_FUSED_POST_PRE_PARAMS, _mhc_hook("mhc_fused_post_pre")),
-)
-
-# DSV4 attention-metadata builders bounded by the live length (integrations/sglang/metadata.py),
-# one switch for the two. Registered with HOOKS by register().
-METADATA_HOOKS = (
+    # DSV4 attention-metadata builders bounded by the live length (one switch for the two; see
+    # integrations/sglang/metadata.py).
     Hook("DSV4 page table", "DSV4SPEC_SGLANG_METADATA",
          "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels",
          "build_page_table_positions_triton",
@@ -145,7 +142,7 @@ def register() -> list[str]:
         return []
     version = installed_sglang_version()
     installed, off, skipped = [], [], []
-    for hook in (*HOOKS, *METADATA_HOOKS):
+    for hook in HOOKS:
         if not switch_on(hook.switch):
             off.append(f"{hook.name} ({hook.switch}=0)")
             continue
