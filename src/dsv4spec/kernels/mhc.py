@@ -366,7 +366,8 @@ def _mhc_finalize_kernel(
         y = _round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
         if RMSNORM:
             g01, g02, g03, g12 = _sum4(gram)
-            g13, g23, _, _ = _sum4(gram_tail)
+            # (not '_': the Sinkhorn's loop variable in the other branch is an int)
+            g13, g23, unused_a, unused_b = _sum4(gram_tail)
             # sum_h y^2 = w^T G w of the fp32 y (the reference squares y rounded to x.dtype;
             # the difference is far below the output's rounding)
             yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33

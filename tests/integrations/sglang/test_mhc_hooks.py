@@ -451,6 +451,21 @@ def test_prefers_dsv4spec_follows_table_cap_and_mode(monkeypatch):
     assert hooks.prefers_dsv4spec("mhc_post", 64, 40, False)
 
 
+def test_shipped_tables_follow_the_h200_results():
+    # benchmarks/results/mhc.md (2026-12-01): in a graph ours won pre and the boundary at T = 1
+    # and 16, lost post; eager it won all three up to 64. Nothing beyond the 32-token cap of the
+    # two that DeepGEMM serves above it, and nothing on other architectures or widths.
+    def ours(op, T, H=7168, graph=True, arch=SM90):
+        return hooks.prefers_dsv4spec(op, T, H, graph, arch)
+
+    for H in (4096, 7168):
+        assert ours("mhc_pre", 1, H) and ours("mhc_pre", 16, H) and not ours("mhc_pre", 17, H)
+        assert ours("mhc_fused_post_pre", 32, H) and not ours("mhc_fused_post_pre", 33, H)
+        assert not ours("mhc_post", 1, H) and ours("mhc_post", 64, H, graph=False)
+        assert ours("mhc_pre", 32, H, graph=False) and not ours("mhc_pre", 33, H, graph=False)
+    assert not ours("mhc_pre", 1, 5120) and not ours("mhc_pre", 1, arch=(10, 0))
+
+
 @pytest.mark.parametrize("op", list(NAMES))
 def test_graph_only_entry_is_compiled_eagerly_then_captured(sgl, monkeypatch, measured, op):
     """Eager table: SGLang's; graph table: ours. The eager warm-up runs SGLang's and launches
@@ -508,5 +523,9 @@ def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
             t[k].copy_(new[k])
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed}")
+        assert_close(out, reference(op, t), f"replay {seed} vs float64")
+        # SGLang's TileLang kernels (where TileLang is installed) are further from float64:
+        # post and comb ~2e-4 of their largest value at H = 7168 (rounded operands), ours ~1e-7
+        assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed} vs SGLang",
+                     fp32_rtol=1e-3)
     assert installed_hook(sgl, NAMES[op]).enabled
