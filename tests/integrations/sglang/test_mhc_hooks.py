@@ -82,19 +82,22 @@ def reference(op, t, norm=True):
     return new, post.unsqueeze(-1), comb, y
 
 
-def assert_close(actual, expected, what, fp32_rtol=1e-4):
+def assert_close(actual, expected, what, fp32_rtol=1e-4, half_rtol=None):
     """Same structure, shapes and dtypes; fp32 within ``fp32_rtol`` of the largest value,
-    bf16 within two bf16 ulps (each side rounds an fp32 value that differs in the last bits)."""
+    bf16 within two bf16 ulps (each side rounds an fp32 value that differs in the last bits),
+    or within ``half_rtol`` of the largest value when given."""
     if isinstance(expected, tuple):
         assert isinstance(actual, tuple) and len(actual) == len(expected), what
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_close(a, e, f"{what}[{i}]", fp32_rtol)
+            assert_close(a, e, f"{what}[{i}]", fp32_rtol, half_rtol)
         return
     assert actual.shape == expected.shape, f"{what}: {actual.shape} vs {expected.shape}"
     assert actual.dtype == expected.dtype, f"{what}: {actual.dtype} vs {expected.dtype}"
     a, e = actual.double(), expected.double()
     if actual.dtype == torch.float32:
         bound = fp32_rtol * e.abs().max() + 1e-6
+    elif half_rtol is not None:
+        bound = half_rtol * e.abs().max() + 1e-6
     else:
         bound = 2.0**-6 * torch.maximum(a.abs(), e.abs()) + 1e-5
     worst = (a - e).abs().max().item() if a.numel() else 0.0
@@ -525,7 +528,9 @@ def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
         torch.cuda.synchronize()
         assert_close(out, reference(op, t), f"replay {seed} vs float64")
         # SGLang's TileLang kernels (where TileLang is installed) are further from float64:
-        # post and comb ~2e-4 of their largest value at H = 7168 (rounded operands), ours ~1e-7
+        # post and comb ~2e-4 of their largest value at H = 7168, ours ~1e-7; the layer input
+        # up to ~6e-3 of its largest value (max_err of SGLang's rows in
+        # benchmarks/results/mhc.json; it rounds the norm weight to bf16), ours 2 bf16 ulps
         assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed} vs SGLang",
-                     fp32_rtol=1e-3)
+                     fp32_rtol=1e-3, half_rtol=1e-2)
     assert installed_hook(sgl, NAMES[op]).enabled
