@@ -52,8 +52,8 @@ def partials_call(x, fn, ws, cfg, T, warps=None):
             ws.stride(1))
     kw = dict(POST=False, GRAM=True, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
               BLOCK_K=cfg.block_k, PDL=False, num_warps=warps or cfg.partials_warps)
-    compiled = K._mhc_partials_kernel[grid](*args, **kw)
-    return (lambda: K._mhc_partials_kernel[grid](*args, **kw)), compiled
+    compiled = K.JIT_KERNELS['partials'][grid](*args, **kw)
+    return (lambda: K.JIT_KERNELS['partials'][grid](*args, **kw)), compiled
 
 
 def finalize_call(x, ws, sc, base, nw, outs, cfg, T, iters=20, nh=None, block_h=None,
@@ -67,8 +67,8 @@ def finalize_call(x, ws, sc, base, nw, outs, cfg, T, iters=20, nh=None, block_h=
     kw = dict(SINKHORN_ITERS=iters, RMSNORM=True, X_EARLY=True,
               BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=block_h, PDL=False,
               FAST_MATH=fast, num_warps=warps)
-    compiled = K._mhc_finalize_kernel[grid](*args, **kw)
-    return (lambda: K._mhc_finalize_kernel[grid](*args, **kw)), compiled
+    compiled = K.JIT_KERNELS['finalize'][grid](*args, **kw)
+    return (lambda: K.JIT_KERNELS['finalize'][grid](*args, **kw)), compiled
 
 
 def regs(compiled):
@@ -86,10 +86,10 @@ def component_rows(tokens):
                "pre_us": us(time_in_graph(lambda: mhc_pre(x, fn, sc, base, **kw))),
                "post_pre_us": us(time_in_graph(
                    lambda: mhc_post_pre(f, x, post, comb, fn, sc, base, **kw)))}
-        cfg = K._plan(T, H, 0, pdl=False)
+        cfg = K.plan(T, H, 0, pdl=False)
         row["cfg"] = cfg._asdict()
         ws = torch.randn(T, 34, cfg.num_splits, device="cuda")
-        outs = K._pre_outputs(x, T, H)
+        outs = K.pre_outputs(x, T, H)
         call, compiled = partials_call(x, fn, ws, cfg, T)
         row["partials_us"] = us(time_in_graph(call))
         row["partials_regs"] = regs(compiled)
@@ -113,7 +113,7 @@ def component_rows(tokens):
         row["finalize_sinkhorn_program_ieee_div_us"] = us(time_in_graph(call))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bk in (64, 128):  # fewer splits for the finalize to sum
-            c2 = K._config(T, H, sms, block_k=bk, pdl=False)
+            c2 = K.tiling(T, H, sms, block_k=bk, pdl=False)
             ws2 = torch.randn(T, 34, c2.num_splits, device="cuda")
             call, _ = finalize_call(x, ws2, sc, base, nw, outs, c2, T)
             row[f"finalize_splits{c2.num_splits}_us"] = us(time_in_graph(call))
@@ -125,7 +125,7 @@ def component_rows(tokens):
                 for w in (1, 2, 4, 8):
                     key = f"partials_t{bt}_k{bk}_w{w}"
                     try:
-                        c2 = K._config(T, H, sms, block_t=bt, block_k=bk, pdl=False)
+                        c2 = K.tiling(T, H, sms, block_t=bt, block_k=bk, pdl=False)
                         ws2 = torch.empty(T, 34, c2.num_splits, device="cuda")
                         call, compiled = partials_call(x, fn, ws2, c2, T, warps=w)
                         row[key + "_us"] = round(
@@ -140,7 +140,6 @@ def component_rows(tokens):
 
 
 def eager_rows(tokens):
-    from dsv4spec.ops import mhc as ops_mhc
     rows = []
     for T in tokens:
         x, fn, sc, base, nw, f = make_inputs(T, T)
@@ -148,8 +147,8 @@ def eager_rows(tokens):
         post, comb, _ = mhc_pre(x, fn, sc, base, **kw)
         mhc_post_pre(f, x, post, comb, fn, sc, base, **kw)
         args = (x, fn, sc, base, 1e-6, 1e-6, 20, 2.0, nw, 1e-6)
-        cfg = K._plan(T, H, 0)
-        outs = K._pre_outputs(x, T, H)
+        cfg = K.plan(T, H, 0)
+        outs = K.pre_outputs(x, T, H)
         row = {"T": T,
                "pre_us": us(time_eager(lambda: mhc_pre(x, fn, sc, base, **kw))),
                "post_pre_us": us(time_eager(
@@ -157,23 +156,15 @@ def eager_rows(tokens):
                "pre_triton_us": us(time_eager(lambda: K.mhc_pre_triton(*args))),
                "pre_triton_given_out_us": us(time_eager(
                    lambda: K.mhc_pre_triton(*args, out=outs))),
-               "launches_only_us": us(time_eager(lambda: K._pre_launches(
+               "launches_only_us": us(time_eager(lambda: K.pre_launches(
                    x, fn, sc, base, nw, *outs, 1e-6, 1e-6, 1e-6, 2.0, 20, cfg))),
-               "outputs_only_us": us(time_eager(lambda: K._pre_outputs(x, T, H))),
+               "outputs_only_us": us(time_eager(lambda: K.pre_outputs(x, T, H))),
                "empty_like_us": us(time_eager(lambda: torch.empty_like(x))),
                }
         n = 2000
         start = time.perf_counter()
         for _ in range(n):
-            ops_mhc._pre_inputs_ok(x, fn, sc, base, 1e-6, 1e-6, 20, 2.0, nw, 1e-6, "auto")
-        row["checks_host_us"] = round((time.perf_counter() - start) / n * 1e6, 2)
-        start = time.perf_counter()
-        for _ in range(n):
-            ops_mhc._direct_call_ok(x, fn, nw)
-        row["direct_call_ok_host_us"] = round((time.perf_counter() - start) / n * 1e6, 2)
-        start = time.perf_counter()
-        for _ in range(n):
-            K._plan(T, H, 0)
+            K.plan(T, H, 0)
         row["plan_host_us"] = round((time.perf_counter() - start) / n * 1e6, 2)
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -194,7 +185,7 @@ def precision_rows(tokens):
         torch.backends.cuda.matmul.allow_tf32 = False
         m32 = x.float().reshape(T, -1) @ fn.T
         # ours: the partial sums summed over splits
-        cfg = K._plan(T, H, 0, pdl=False)
+        cfg = K.plan(T, H, 0, pdl=False)
         ws = torch.zeros(T, 34, cfg.num_splits, device="cuda")
         call, _ = partials_call(x, fn, ws, cfg, T)
         call()

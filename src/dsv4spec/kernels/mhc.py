@@ -1,18 +1,19 @@
 """Fused mHC boundary ops for hc_mult = 4: ``mhc_pre``, ``mhc_post`` and ``mhc_post_pre``.
 
 ``mhc_pre`` is 2 launches. Launch 1 (partials), grid = token blocks x K-splits, on CUDA cores in
-fp32 (as hc_head's ``_hc_head_partials_kernel``): each program reads BLOCK_T tokens over one
-BLOCK_K-wide range of h (at small T, one chunk per program: ~all SMs each read one slice of
-``fn`` once) for the 4 streams and the matching columns of all 24 rows of ``fn``, and writes, per
-token, fp32 partial sums: the 24 dot products ``xf @ fn.T``, the diagonal of the streams' Gram
-matrix ``G_ij = sum_h x_i[h] x_j[h]`` (its trace is ``sum(xf^2)``) and, with the sublayer RMSNorm,
-the 6 off-diagonal entries. fp32 FMAs and a split-K tree keep the dots ~1e-7 off float64 (the
-tensor cores' chains of bf16 parts were 1-4e-5 off on the H200). Launch 2 (finalize), grid =
-tokens x (1 + H-blocks), one warp each: the first program of a token reduces the partials that
-``post`` and ``comb`` need and runs the sigmoids and the Sinkhorn on 16 scalars in registers; the
-others reduce only r's and the pre weights' (and the Gram sums) and write their H-block of
-``y = sum_i pre_i x_i``. The RMSNorm's ``sum_h y^2 = w^T G w`` is known before any y is formed,
-so the norm costs 6 more reductions, not another pass.
+fp32: each program reads BLOCK_T tokens over one BLOCK_K-wide range of h (at T <= 32 one chunk
+per program: ~every SM reads one slice of ``fn`` once) for the 4 streams and the matching
+columns of all 24 rows of ``fn``, accumulates the products as FMAs into one [BLOCK_T, 32,
+BLOCK_K] tile (rows padded to 32) and reduces it once at the end; it writes, per token, fp32
+partial sums: the 24 dot products ``xf @ fn.T``, the diagonal of the streams' Gram matrix
+``G_ij = sum_h x_i[h] x_j[h]`` (its trace is ``sum(xf^2)``) and, with the sublayer RMSNorm, the 6
+off-diagonal entries. fp32 FMAs and a split-K tree keep the dots ~1e-7 off float64. Launch 2
+(finalize), grid = tokens x (1 + H-blocks), one warp each: the first program of a token reduces
+the partials that ``post`` and ``comb`` need and runs the sigmoids and the Sinkhorn on 16
+scalars in registers; the others reduce only r's and the pre weights' (and the Gram sums) and
+write their H-block of ``y = sum_i pre_i x_i``. The RMSNorm's ``sum_h y^2 = w^T G w`` is known
+before any y is formed, so the norm costs 6 more reductions, not another pass. Where the time
+goes, launch by launch: docs/design.md (mHC) and benchmarks/results/mhc_probe.json.
 
 ``mhc_post_pre`` (one layer boundary) is the same 2 launches: launch 1 first forms its slice of
 the new residual ``x'_j = post_j f + sum_i comb[i, j] x_i``, rounds it to the stream dtype, stores
@@ -20,7 +21,7 @@ it and accumulates the partials from those rounded values (what a separate post 
 ``mhc_post`` alone is one launch over (tokens, H-blocks), elementwise with 20 scalar weights.
 
 Bytes (bf16, H = 7168, T = 4): ``fn`` is 24 x 28672 fp32 = 2.75 MB, a different tensor per layer,
-so it dominates; the partials spread it over ~112-224 programs (one HBM round trip for the whole
+so it dominates; the partials spread it over 112 programs (one HBM round trip for the whole
 GPU). x is 229 KB, the boundary's new residual another 229 KB written and read back from L2.
 On sm_90+ up to ``PDL_MAX_TOKENS`` tokens the finalize is a programmatic dependent launch: it
 loads x and its parameters while the partials run.
@@ -599,3 +600,14 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     _POST.launch(key, (T * num_hblocks, 1, 1), (f, residual, post, comb, out, H, num_hblocks),
                  {"BLOCK_H": block_h}, 4)
     return out
+
+
+# For scripts that time or sweep each launch on its own (scripts/mhc_probe.py): the jit kernels,
+# the tiling planner (overrides: block_t, block_k, num_splits, block_h, warps, pdl), and the
+# output allocation and launches of mhc_pre_triton.
+JIT_KERNELS = {"partials": _mhc_partials_kernel, "finalize": _mhc_finalize_kernel,
+               "post": _mhc_post_kernel}
+tiling = _config
+plan = _plan
+pre_outputs = _pre_outputs
+pre_launches = _pre_launches
