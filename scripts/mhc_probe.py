@@ -37,6 +37,12 @@ def make_inputs(T, seed, device="cuda"):
     return x, fn, scale, base, nw, f
 
 
+def boundary_inputs(T):
+    """make_inputs(T, seed=T) and the keyword arguments of a DSV4 boundary (RMSNorm fused)."""
+    x, fn, sc, base, nw, f = make_inputs(T, T)
+    return x, fn, sc, base, nw, f, {**EPS, "norm_weight": nw, "norm_eps": 1e-6}
+
+
 @triton.jit
 def _empty_kernel(x_ptr):
     pass
@@ -79,8 +85,7 @@ def regs(compiled):
 def component_rows(tokens):
     rows = []
     for T in tokens:
-        x, fn, sc, base, nw, f = make_inputs(T, T)
-        kw = {**EPS, "norm_weight": nw, "norm_eps": 1e-6}
+        x, fn, sc, base, nw, f, kw = boundary_inputs(T)
         post, comb, _ = mhc_pre(x, fn, sc, base, **kw)
         row = {"T": T,
                "pre_us": us(time_in_graph(lambda: mhc_pre(x, fn, sc, base, **kw))),
@@ -142,8 +147,7 @@ def component_rows(tokens):
 def eager_rows(tokens):
     rows = []
     for T in tokens:
-        x, fn, sc, base, nw, f = make_inputs(T, T)
-        kw = {**EPS, "norm_weight": nw, "norm_eps": 1e-6}
+        x, fn, sc, base, nw, f, kw = boundary_inputs(T)
         post, comb, _ = mhc_pre(x, fn, sc, base, **kw)
         mhc_post_pre(f, x, post, comb, fn, sc, base, **kw)
         args = (x, fn, sc, base, 1e-6, 1e-6, 20, 2.0, nw, 1e-6)
@@ -174,8 +178,7 @@ def eager_rows(tokens):
 def precision_rows(tokens):
     rows = []
     for T in tokens:
-        x, fn, sc, base, nw, f = make_inputs(T, T)
-        kw = {**EPS, "norm_weight": nw, "norm_eps": 1e-6}
+        x, fn, sc, base, nw, f, kw = boundary_inputs(T)
         post, comb, y = mhc_pre(x, fn, sc, base, **kw)
         rpost, rcomb, ry = mhc_pre_reference(x, fn, sc, base, **kw)
         xd = x.double().reshape(T, -1)
@@ -235,8 +238,7 @@ def main(argv=None) -> int:
     res["precision"] = precision_rows((16, 32, 33, 64, 256))
     res["large"] = []
     for T in (256, 1024, 4096):
-        x, fn, sc, base, nw, f = make_inputs(T, T)
-        kw = {**EPS, "norm_weight": nw, "norm_eps": 1e-6}
+        x, fn, sc, base, nw, f, kw = boundary_inputs(T)
         row = {"T": T, "pre_us": us(time_in_graph(lambda: mhc_pre(x, fn, sc, base, **kw)))}
         print(json.dumps(row), flush=True)
         res["large"].append(row)
