@@ -6,13 +6,17 @@ with. On CPU both sides run in Triton's interpreter; the ``gpu`` tests repeat th
 1M-token capacity and inside a CUDA graph replayed with new lengths.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from dsv4spec.kernels.attention_metadata import (
     C128_BLOCK,
+    EXPAND_BLOCK,
     PAGE_TABLE_SLACK,
     compressed_attn_metadata_triton,
+    expand_same_length_triton,
     page_table_positions_triton,
 )
 from dsv4spec.ops.attention_metadata import c128_index_extent, page_table_extent
@@ -178,6 +182,72 @@ def test_no_rows_launch_nothing():
     assert tuple(out[8].shape) == (0, 8) and all(t.numel() == 0 for t in out)
 
 
+# --- the verify row expansion against SGLang's own method ---------------------------------------
+
+@pytest.fixture(scope="module")
+def sglang_expand():
+    from dsv4spec.bench.metadata import load_sglang_expand
+
+    sglang_builders()  # skips without SGLang's source
+    method = load_sglang_expand()
+
+    def expand(seq_lens, req_pool, bs, qo_len):
+        backend = SimpleNamespace(cuda_int32_kwargs={"device": seq_lens.device,
+                                                     "dtype": torch.int32})
+        return method(backend, bs=bs, qo_len=qo_len, seq_lens=seq_lens,
+                      req_pool_indices=req_pool)
+
+    return expand
+
+
+def expand_inputs(bs, length_dtype, slot_dtype, device="cpu", seed=0, spare=3):
+    """Lengths from 1 to 1M (and int32's edge for int32), slots with ``spare`` poisoned extras
+    past ``bs`` (SGLang's gather reads only the first ``bs``)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 1 << 20, (bs,), generator=g)
+    if bs:
+        lengths[0] = 1
+    if bs > 1:
+        lengths[-1] = 2**31 - 1 if length_dtype == torch.int32 else 2**40
+    slots = torch.randint(0, 1 << 20, (bs + spare,), generator=g)
+    slots[bs:] = POISON
+    return lengths.to(length_dtype).to(device), slots.to(slot_dtype).to(device)
+
+
+@pytest.mark.parametrize("length_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_expansion_equals_sglang_bit_for_bit(sglang_expand, length_dtype, slot_dtype):
+    # Batch sizes around the one-program block (EXPAND_BLOCK rows) at every draft width.
+    for qo_len in (1, 2, 4, 7):
+        for bs in (0, 1, 3, EXPAND_BLOCK // qo_len, EXPAND_BLOCK // qo_len + 1, 130):
+            lengths, slots = expand_inputs(bs, length_dtype, slot_dtype, seed=bs + qo_len)
+            before = (lengths.clone(), slots.clone())
+            theirs = sglang_expand(lengths, slots[:bs], bs, qo_len)
+            with poisoned_empty():
+                shifted, casual, repeated = expand_same_length_triton(lengths, slots, bs,
+                                                                       qo_len, 0, False)
+            assert shifted is None
+            for ours, want in zip((casual, repeated), theirs):
+                assert ours.dtype == want.dtype and ours.shape == want.shape, (bs, qo_len)
+                assert torch.equal(ours, want), (bs, qo_len)
+            assert not (repeated == POISON).any(), "a slot past bs was read"
+            assert torch.equal(lengths, before[0]) and torch.equal(slots, before[1])
+
+
+def test_expansion_with_the_shift_equals_the_verify_prologue(sglang_expand):
+    """``seq_lens + W`` then SGLang's method, as make_forward_metadata_from_raw_verify runs it."""
+    for bs, qo_len in ((1, 4), (5, 4), (70, 4), (9, 3)):
+        lengths, slots = expand_inputs(bs, torch.int64, torch.int64, seed=bs)
+        lengths = lengths.clamp(max=2**30)
+        with poisoned_empty():
+            shifted, casual, repeated = expand_same_length_triton(lengths, slots, bs, qo_len,
+                                                                  qo_len, True)
+        want = lengths + qo_len
+        assert shifted.dtype == want.dtype and torch.equal(shifted, want)
+        theirs = sglang_expand(want, slots[:bs], bs, qo_len)
+        assert torch.equal(casual, theirs[0]) and torch.equal(repeated, theirs[1])
+
+
 # --- GPU: 1M-token capacity, and inside a CUDA graph replayed with new lengths -----------------
 
 CAPACITY = 1 << 20
@@ -235,3 +305,25 @@ def test_gpu_cuda_graph_replay_with_new_lengths(sglang):
         assert all(torch.equal(a, b) for a, b in zip(compressed[:8], expected[:8])), live
         written = written_mask(tuple(compressed[8].shape), c128_index_extent(seq_lens, 8192))
         assert torch.equal(compressed[8][written], expected[8][written]), live
+
+
+@pytest.mark.gpu
+def test_gpu_expansion_in_a_cuda_graph_replayed_with_new_lengths(sglang_expand):
+    bs, qo_len = 16, 4
+    lengths, slots = expand_inputs(bs, torch.int64, torch.int64, device="cuda", seed=3)
+    live_lengths, live_slots = lengths.clone(), slots.clone()
+    expand_same_length_triton(live_lengths, live_slots, bs, qo_len, qo_len, True)  # compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        shifted, casual, repeated = expand_same_length_triton(live_lengths, live_slots, bs,
+                                                              qo_len, qo_len, True)
+    for seed in range(4):
+        new_lengths, new_slots = expand_inputs(bs, torch.int64, torch.int64, device="cuda",
+                                               seed=seed + 10)
+        live_lengths.copy_(new_lengths.clamp(max=2**30))
+        live_slots.copy_(new_slots)
+        graph.replay()
+        theirs = sglang_expand(live_lengths + qo_len, live_slots[:bs], bs, qo_len)
+        assert torch.equal(shifted, live_lengths + qo_len), seed
+        assert torch.equal(casual, theirs[0]) and torch.equal(repeated, theirs[1]), seed

@@ -10,6 +10,8 @@ from dsv4spec.ops.attention_metadata import (
     build_page_table_positions,
     build_page_table_positions_reference,
     c128_index_extent,
+    expand_same_length,
+    expand_same_length_reference,
     init_compressed_attn_metadata,
     init_compressed_attn_metadata_reference,
     page_table_extent,
@@ -80,6 +82,7 @@ def no_launch(monkeypatch):
 
     monkeypatch.setattr(kernels, "_page_table_positions_live_kernel", forbidden)
     monkeypatch.setattr(kernels, "_compressed_attn_metadata_live_kernel", forbidden)
+    monkeypatch.setattr(kernels, "_expand_same_length_kernel", forbidden)
 
 
 def _page_inputs():
@@ -152,3 +155,57 @@ def test_without_page_indices_no_page_table_is_needed():
     ref = init_compressed_attn_metadata_reference(**kwargs)
     assert ours.c128_page_indices is None and ref.c128_page_indices is None
     assert all(torch.equal(a, b) for a, b in zip(ours[:8], ref[:8]))
+
+
+# --- the verify row expansion ------------------------------------------------------------------
+
+def test_expansion_reference_equals_sglang_and_triton_equals_reference():
+    from types import SimpleNamespace
+
+    from dsv4spec.bench.metadata import load_sglang_expand
+
+    sglang_builders()  # skips without SGLang's source
+    method = load_sglang_expand()
+    backend = SimpleNamespace(cuda_int32_kwargs={"device": "cpu", "dtype": torch.int32})
+    for dtype in (torch.int32, torch.int64):
+        for bs, qo_len, shift in ((0, 4, 4), (1, 1, 0), (6, 4, 4), (3, 5, 0)):
+            lengths = torch.arange(7, 7 + bs, dtype=dtype) * 1000
+            slots = torch.arange(100, 100 + bs + 2, dtype=torch.int64).flip(0)
+            theirs = method(backend, bs=bs, qo_len=qo_len, seq_lens=lengths + shift,
+                            req_pool_indices=slots[:bs])
+            ref = expand_same_length_reference(lengths, slots, bs=bs, qo_len=qo_len, shift=shift)
+            ours = expand_same_length(lengths, slots, bs=bs, qo_len=qo_len, shift=shift,
+                                      return_shifted=True)
+            for got in (ref, ours, expand_same_length(lengths, slots, bs=bs, qo_len=qo_len,
+                                                      shift=shift, impl="torch")):
+                assert all(a.dtype == b.dtype and torch.equal(a, b)
+                           for a, b in zip(got[1:], theirs)), (dtype, bs, qo_len)
+            assert torch.equal(ours.seq_lens, lengths + shift)
+            assert (ref.seq_lens is None) == (shift == 0)
+    assert expand_same_length(lengths, slots, bs=3, qo_len=5).seq_lens is None
+
+
+def _expand_inputs():
+    return {"seq_lens": torch.tensor([5, 300], dtype=torch.int32),
+            "req_pool_indices": torch.tensor([1, 0], dtype=torch.int64), "bs": 2, "qo_len": 4}
+
+
+@pytest.mark.parametrize("change,error,name", [
+    ({"seq_lens": [5, 300]}, TypeError, "seq_lens"),
+    ({"seq_lens": torch.tensor([5, 300], dtype=torch.int16)}, TypeError, "seq_lens"),
+    ({"seq_lens": torch.tensor([5, 0, 300, 0])[::2]}, ValueError, "seq_lens"),
+    ({"seq_lens": torch.tensor([5, 300, 2])}, ValueError, "seq_lens"),
+    ({"req_pool_indices": torch.tensor([1])}, ValueError, "req_pool_indices"),
+    ({"req_pool_indices": torch.tensor([1.0, 0.0])}, TypeError, "req_pool_indices"),
+    ({"bs": 2.0}, TypeError, "bs"),
+    ({"qo_len": 0}, ValueError, "qo_len"),
+    ({"qo_len": True}, TypeError, "qo_len"),
+    ({"shift": -1}, ValueError, "shift"),
+])
+def test_expansion_rejects_bad_inputs_before_any_launch(no_launch, change, error, name):
+    kwargs = {**_expand_inputs(), **change}
+    args = [kwargs.pop(k) for k in ("seq_lens", "req_pool_indices")]
+    with pytest.raises(error, match=name):
+        expand_same_length(*args, **kwargs)
+    with pytest.raises(error, match=name):
+        expand_same_length_reference(*args, **kwargs)

@@ -18,6 +18,11 @@ Every consumer SGLang 0.5.23 runs on SM90 reads within ``cdiv(seq_len, page_size
 columns and ``round_up(max(seq_len // 128, 1), 64)`` C128 entries (the argument, consumer by
 consumer, with the DeepGEMM and FlashMLA sources it rests on: ``dsv4spec.ops.attention_metadata``);
 the slacks are margin beyond that.
+
+A third kernel expands a fixed-width verify batch into its query rows in one launch: each of the
+``bs`` requests becomes ``qo_len`` rows with causal lengths ``seq_len + shift - qo_len + 1 ..
+seq_len + shift`` and the request's slot repeated (SGLang's ``expand_extend_with_same_length``,
+optionally with the caller's ``seq_lens + shift`` folded in). Every output element is written.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ C128_SLACK = 64
 # Vector widths (elements per loop step). One step covers 128 pages (32K tokens at 256 per page).
 PAGE_BLOCK = 128
 C128_INDEX_BLOCK = 256
+# Query rows per program of the expansion: a verify batch of up to 64 requests at 4 drafts is one
+# program (a launch-bound kernel: more programs would only add scheduling).
+EXPAND_BLOCK = 256
 
 
 @triton.jit
@@ -176,3 +184,45 @@ def compressed_attn_metadata_triton(
             BLOCK=C128_INDEX_BLOCK, PAGE_INDICES=compute_page_indices,
         )
     return (c4_out_loc, *c4, c128_out_loc, *c128, page_indices)
+
+
+# total and shift change with the batch: not specialised, so a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["total", "shift"])
+def _expand_same_length_kernel(
+    seq_lens, req_pool, shifted_out, casual_out, req_pool_out, total, shift,
+    QO_LEN: tl.constexpr, WRITE_SHIFTED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    flat = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = flat < total
+    request = flat // QO_LEN
+    draft = flat - request * QO_LEN
+    # In seq_lens' own dtype, as SGLang's add of an int32 arange promotes to it.
+    length = tl.load(seq_lens + request, mask=inside, other=0) + shift
+    tl.store(casual_out + flat, length + (draft - (QO_LEN - 1)), mask=inside)
+    tl.store(req_pool_out + flat, tl.load(req_pool + request, mask=inside, other=0), mask=inside)
+    if WRITE_SHIFTED:
+        tl.store(shifted_out + request, length, mask=inside & (draft == 0))
+
+
+def expand_same_length_triton(
+    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, bs: int, qo_len: int, shift: int,
+    write_shifted: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Launch: ``(seq_lens + shift [bs] or None, seq_lens_casual [bs * qo_len],
+    req_pool_indices_repeated [bs * qo_len])``, lengths in ``seq_lens.dtype``, slots in
+    ``req_pool_indices.dtype``, every element written.
+
+    Inputs are checked by :func:`dsv4spec.ops.attention_metadata.expand_same_length`
+    (``seq_lens`` ``[bs]`` and ``req_pool_indices`` ``[>= bs]`` contiguous on one device).
+    """
+    device = seq_lens.device
+    total = bs * qo_len
+    casual = torch.empty(total, dtype=seq_lens.dtype, device=device)
+    repeated = torch.empty(total, dtype=req_pool_indices.dtype, device=device)
+    shifted = torch.empty(bs, dtype=seq_lens.dtype, device=device) if write_shifted else None
+    if total:
+        _expand_same_length_kernel[(triton.cdiv(total, EXPAND_BLOCK),)](
+            seq_lens, req_pool_indices, shifted if write_shifted else casual, casual, repeated,
+            total, shift, QO_LEN=qo_len, WRITE_SHIFTED=write_shifted, BLOCK=EXPAND_BLOCK,
+        )
+    return shifted, casual, repeated

@@ -64,6 +64,11 @@ calls, which include every extend/prefill build, keep SGLang's); paths are under
   the whole row but runs only with ``trtllm_attn`` (SM100), never on SM90.
 
 The small per-row outputs (lengths, positions, cache-write locations) are always written.
+
+:func:`expand_same_length` is the target-verify prologue's row expansion (SGLang's
+``DeepseekV4AttnBackend.expand_extend_with_same_length``, optionally with the caller's
+``seq_lens + W``) as one launch; it writes every element, so no consumer argument is needed: its
+outputs equal SGLang's everywhere.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ from dsv4spec.kernels.attention_metadata import (
     C128_SLACK,
     PAGE_TABLE_SLACK,
     compressed_attn_metadata_triton,
+    expand_same_length_triton,
     page_table_positions_triton,
 )
 
@@ -351,3 +357,85 @@ def init_compressed_attn_metadata(
     return CompressedAttnMetadata(*compressed_attn_metadata_triton(
         seq_lens, positions, raw_out_loc, page_table if compute_page_indices else None,
         page_size, compute_page_indices))
+
+
+class ExpandedRows(NamedTuple):
+    """``expand_same_length``'s result: what SGLang's method returns, after the shifted lengths."""
+
+    seq_lens: torch.Tensor | None  # [bs], seq_lens + shift (None unless asked for)
+    seq_lens_casual: torch.Tensor  # [bs * qo_len], seq_lens' dtype
+    req_pool_indices_repeated: torch.Tensor  # [bs * qo_len], req_pool_indices' dtype
+
+
+def _check_expand_inputs(seq_lens, req_pool_indices, bs, qo_len, shift) -> None:
+    seq_lens = _check_index("seq_lens", seq_lens, 1)
+    _check_index("req_pool_indices", req_pool_indices, 1, seq_lens.device)
+    _check_int("bs", bs, 0)
+    _check_int("qo_len", qo_len, 1)
+    _check_int("shift", shift, 0)
+    if seq_lens.shape[0] != bs:
+        raise ValueError(f"seq_lens has {seq_lens.shape[0]} rows, bs is {bs}")
+    if req_pool_indices.shape[0] < bs:
+        raise ValueError(f"req_pool_indices has {req_pool_indices.shape[0]} rows, fewer than "
+                         f"bs = {bs}")
+    if bs * qo_len > INT32_MAX:
+        raise ValueError(f"bs * qo_len = {bs * qo_len} rows do not fit int32 offsets")
+
+
+def expand_same_length_reference(
+    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, *, bs: int, qo_len: int,
+    shift: int = 0,
+) -> ExpandedRows:
+    """SGLang's values (pure torch, any device): request ``b``'s rows ``b * qo_len + j`` have
+    causal length ``seq_lens[b] + shift - (qo_len - 1) + j`` (in ``seq_lens``' dtype, wrapping
+    as the GPU does) and slot ``req_pool_indices[b]``."""
+    _check_expand_inputs(seq_lens, req_pool_indices, bs, qo_len, shift)
+    lengths = seq_lens + shift
+    offsets = torch.arange(1 - qo_len, 1, dtype=torch.int32, device=seq_lens.device)
+    casual = (lengths[:, None] + offsets).reshape(-1)
+    repeated = req_pool_indices[:bs].repeat_interleave(qo_len)
+    return ExpandedRows(lengths if shift else None, casual, repeated)
+
+
+def expand_same_length(
+    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, *, bs: int, qo_len: int,
+    shift: int = 0, return_shifted: bool = False, impl: str = "triton",
+) -> ExpandedRows:
+    """SGLang 0.5.23's ``expand_extend_with_same_length`` (and, with ``shift``, the
+    ``seq_lens + shift`` before it) in one launch.
+
+    Parameters
+    ----------
+    seq_lens : Tensor ``[bs]``, int32 or int64, contiguous
+        Each request's length before the shift (SGLang's method receives it shifted: shift 0).
+    req_pool_indices : Tensor ``[>= bs]``, int32 or int64, contiguous
+        Request slots; the first ``bs`` are used, as SGLang's gather does.
+    bs, qo_len : int
+        Requests (``bs >= 0``) and query rows per request (``>= 1``).
+    shift : int
+        Added to every length first (``>= 0``; the verify prologue's draft count).
+    return_shifted : bool
+        Whether to return ``seq_lens + shift`` too (always, with ``impl="torch"`` and a shift).
+    impl : {"triton", "torch"}
+        ``"torch"``: :func:`expand_same_length_reference`.
+
+    Returns
+    -------
+    ExpandedRows
+        Fresh tensors equal to SGLang's at every element: causal lengths in ``seq_lens``' dtype
+        (SGLang's int32 arange promotes to it), slots in ``req_pool_indices``' dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, before anything is allocated or launched.
+    """
+    _check_expand_inputs(seq_lens, req_pool_indices, bs, qo_len, shift)
+    if not isinstance(return_shifted, bool):
+        raise TypeError(f"return_shifted must be a bool, got {type(return_shifted).__name__}")
+    _check_impl(impl, seq_lens.device)
+    if impl == "torch":
+        return expand_same_length_reference(seq_lens, req_pool_indices, bs=bs, qo_len=qo_len,
+                                            shift=shift)
+    return ExpandedRows(*expand_same_length_triton(seq_lens, req_pool_indices, bs, qo_len, shift,
+                                                   return_shifted))
