@@ -12,14 +12,23 @@ call from ``time_in_graph`` (``do_bench_cudagraph``); ``eager_us`` is the host w
 of back-to-back eager calls with one synchronize at the end (loops interleaved between
 providers). SGLang's functions are its own files, loaded by path. ``calls_per_mtp_step`` says how
 many times SGLang runs each builder in one MTP step (from its source, line numbers printed).
+
+The verify row expansion (``--ops expand expand_shift``; key of the hook's table: ``qo_len``,
+``--widths``): ``expand`` is the hooked method, SGLang's ``expand_extend_with_same_length`` (its
+source, executed here) on the shifted lengths vs one launch of ``expand_same_length``;
+``expand_shift`` adds the caller's ``seq_lens + W`` on SGLang's side and the shift folded into the
+same launch on ours (what fusing the caller would save; no hook covers it). Outputs bit-identical
+before timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
-from types import ModuleType
+import textwrap
+from types import ModuleType, SimpleNamespace
 
 import torch
 
@@ -28,6 +37,7 @@ from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file
 from dsv4spec.ops.attention_metadata import (
     build_page_table_positions,
     c128_index_extent,
+    expand_same_length,
     init_compressed_attn_metadata,
     page_table_extent,
 )
@@ -44,9 +54,12 @@ BATCHES = (1, 8, 32, 128)
 LIVE = (4096, 65536)
 QUICK_MODES = ("verify",)
 MODES = ("verify", "decode")
-OPS = ("page_table", "c128")
-COLUMNS = ["op", "mode", "bs", "rows", "live", "provider", "median_us", "p20_us", "p80_us",
-           "eager_us", "speedup_graph", "speedup_eager"]
+TABLE_OPS = ("page_table", "c128")
+EXPAND_OPS = ("expand", "expand_shift")
+OPS = TABLE_OPS + EXPAND_OPS
+EXPAND_BATCHES = (1, 4, 8, 16, 32, 64, 128)
+COLUMNS = ["op", "mode", "bs", "rows", "live", "qo_len", "provider", "median_us", "p20_us",
+           "p80_us", "eager_us", "speedup_graph", "speedup_eager"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
                         help="query-row shapes: verify (bs * 4 rows), decode (bs rows); "
                              "default both, --quick verify only")
+    parser.add_argument("--ops", nargs="+", choices=list(OPS), default=list(OPS),
+                        help="page_table and c128: the live-length-bounded builders; expand: "
+                             "the verify row expansion (the hooked method); expand_shift: with "
+                             "the caller's seq_lens + W")
+    parser.add_argument("--widths", type=int, nargs="+", default=[DRAFTS],
+                        help="qo_len (query rows per request) of the expansion")
+    parser.add_argument("--expand-batches", type=int, nargs="+", default=list(EXPAND_BATCHES),
+                        help="batch sizes bs of the expansion")
 
 
 class _Struct:
@@ -101,6 +122,33 @@ def load_sglang_metadata_kernels(page_name: str | None = None,
             load_sglang_module(C128_FILE, name=c128_name))
 
 
+BACKEND_CLASS = "DeepseekV4AttnBackend"
+EXPAND_METHOD = "expand_extend_with_same_length"
+
+
+def sglang_method_source(relpath: str, cls: str, name: str) -> tuple[str, int]:
+    """The source of SGLang's method ``cls.name`` in ``relpath`` (dedented) and its first line."""
+    text = sglang_file(relpath).read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return textwrap.dedent(ast.get_source_segment(text, item)), item.lineno
+    raise LookupError(f"{cls}.{name} not in {relpath}")
+
+
+def load_sglang_expand(module_globals: dict | None = None):
+    """SGLang's own ``DeepseekV4AttnBackend.expand_extend_with_same_length`` (its source in
+    ``deepseek_v4_backend.py``, executed here over ``module_globals``, by default only ``torch``,
+    all the method reads besides ``self.cuda_int32_kwargs``). Raises ``FileNotFoundError``
+    without SGLang's source."""
+    source, _ = sglang_method_source(BACKEND_FILE, BACKEND_CLASS, EXPAND_METHOD)
+    namespace: dict = {}
+    exec(compile(source, str(sglang_file(BACKEND_FILE)), "exec"),
+         {"torch": torch} if module_globals is None else module_globals, namespace)
+    return namespace[EXPAND_METHOD]
+
+
 def _line_of(lines: list[str], pattern: str, start: int = 0) -> int:
     for i in range(start, len(lines)):
         if re.search(pattern, lines[i]):
@@ -115,6 +163,13 @@ def calls_per_mtp_step(draft_steps: int = DRAFT_STEPS) -> list[dict]:
     decode = _line_of(lines, r"def make_forward_metadata_from_raw_decode")
     multi = _line_of(lines, r"class DeepseekV4MultiStepBackend")
     loop = _line_of(lines, r"for attn_backend in self\.attn_backends", multi)
+    expand_verify = _line_of(lines, r"self\.expand_extend_with_same_length\(", verify)
+    draft_extend = _line_of(lines, r"def init_forward_metadata_draft_extend")
+    expand_draft_extend = _line_of(lines, r"self\.expand_extend_with_same_length\(",
+                                   draft_extend)
+    out_graph = _line_of(lines, r"def init_forward_metadata_out_graph")
+    draft_extend_out_graph = _line_of(lines, r"self\.init_forward_metadata_draft_extend\(",
+                                      out_graph)
     core = _line_of(lines, r"def make_core_attn_metadata")
     build = _line_of(lines, r"prep = build_pages\(", core)
     compress = _line_of(lines, r"core_attn_metadata\.init_compression_metadata\(", core)
@@ -134,6 +189,13 @@ def calls_per_mtp_step(draft_steps: int = DRAFT_STEPS) -> list[dict]:
                    f"metadata only where the draft's pool has ratio 4 or 128 layers "
                    f"({where}:{_line_of(lines, r'if self.has_c4 or self.has_c128')}; "
                    f"none for an SWA-only draft)"},
+        {"phase": "target verify, row expansion", "calls": 1,
+         "source": f"{where}:{expand_verify} (make_forward_metadata_from_raw_verify, fixed "
+                   f"width: in the verify graph) -> expand_extend_with_same_length"},
+        {"phase": "draft extend, row expansion", "calls": 1,
+         "source": f"{where}:{expand_draft_extend} (init_forward_metadata_draft_extend; eager: "
+                   f"the draft-extend graph runner builds it outside the graph, "
+                   f"{where}:{draft_extend_out_graph} in init_forward_metadata_out_graph)"},
     ]
 
 
@@ -176,6 +238,78 @@ def providers(op: str, x: dict, capacity: int, page_mod: ModuleType, c128_mod: M
     }
 
 
+def expand_inputs(bs: int, qo_len: int, device: str = "cuda", seed: int = 0) -> dict:
+    """Verify-shaped expansion inputs: int64 lengths and slots, as SGLang's forward batch holds
+    them, and the lengths already shifted by ``qo_len`` (what the hooked method receives)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    seq_lens = torch.randint(1, CAPACITY - qo_len, (bs,), device=device, generator=g)
+    req_pool = torch.randperm(bs, device=device, generator=g)
+    return {"seq_lens": seq_lens, "shifted": seq_lens + qo_len, "req_pool": req_pool,
+            "backend": SimpleNamespace(cuda_int32_kwargs={"device": device,
+                                                          "dtype": torch.int32})}
+
+
+def expand_providers(op: str, x: dict, bs: int, qo_len: int, method) -> dict:
+    if op == "expand":
+        return {
+            "sglang": lambda: method(x["backend"], bs=bs, qo_len=qo_len, seq_lens=x["shifted"],
+                                     req_pool_indices=x["req_pool"]),
+            "dsv4spec": lambda: tuple(expand_same_length(
+                x["shifted"], x["req_pool"], bs=bs, qo_len=qo_len)[1:]),
+        }
+
+    def sglang_shift():
+        shifted = x["seq_lens"] + qo_len
+        return (shifted, *method(x["backend"], bs=bs, qo_len=qo_len, seq_lens=shifted,
+                                 req_pool_indices=x["req_pool"]))
+
+    return {
+        "sglang": sglang_shift,
+        "dsv4spec": lambda: tuple(expand_same_length(
+            x["seq_lens"], x["req_pool"], bs=bs, qo_len=qo_len, shift=qo_len,
+            return_shifted=True)),
+    }
+
+
+def expand_refcheck(op: str, ours: tuple, theirs: tuple) -> None:
+    if len(ours) != len(theirs) or not all(
+            a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, theirs)):
+        raise AssertionError(f"{op}: outputs differ from SGLang's")
+
+
+def _time_pair(fns: dict, quick: bool) -> list[dict]:
+    """Graph and eager times of the two providers, the speedups on dsv4spec's row."""
+    block = [{"provider": name, **common.time_in_graph(fn, rep_ms=10 if quick else 30)}
+             for name, fn in fns.items()]
+    eager = common.time_eager_side_by_side(fns, repeats=5 if quick else 15)
+    for r in block:
+        r["eager_us"] = eager[r["provider"]]["median_us"]
+    sgl, ours = block
+    ours["speedup_graph"] = sgl["median_us"] / ours["median_us"]
+    ours["speedup_eager"] = sgl["eager_us"] / ours["eager_us"]
+    return block
+
+
+def _bench_expansion(args: argparse.Namespace) -> list[dict]:
+    method = load_sglang_expand()
+    rows = []
+    for op in (o for o in EXPAND_OPS if o in args.ops):
+        for qo_len in args.widths:
+            for bs in args.expand_batches:
+                x = expand_inputs(bs, qo_len, seed=bs + qo_len)
+                fns = expand_providers(op, x, bs, qo_len, method)
+                expand_refcheck(op, fns["dsv4spec"](), fns["sglang"]())
+                torch.cuda.synchronize()
+                block = [{"op": op, "mode": "verify", "bs": bs, "rows": bs * qo_len,
+                          "qo_len": qo_len, **r} for r in _time_pair(fns, args.quick)]
+                sgl, ours = block
+                rows += block
+                print(f"{op} bs={bs} qo_len={qo_len}: SGLang {sgl['median_us']:.2f}/"
+                      f"{sgl['eager_us']:.1f}, dsv4spec {ours['median_us']:.2f}/"
+                      f"{ours['eager_us']:.1f} µs (graph/eager)", flush=True)
+    return rows
+
+
 def _rows_equal(ours: torch.Tensor, theirs: torch.Tensor, extent: torch.Tensor) -> bool:
     columns = torch.arange(ours.shape[1], device=ours.device)
     inside = columns[None, :] < extent[:, None]
@@ -199,7 +333,6 @@ def refcheck(op: str, ours, theirs, seq_lens: torch.Tensor, capacity: int) -> No
 
 def main(args: argparse.Namespace) -> int:
     modes = args.modes or (QUICK_MODES if args.quick else MODES)
-    rep_ms = 10 if args.quick else 30
     env = common.environment()
     floor = common.launch_floor()
     print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
@@ -209,7 +342,8 @@ def main(args: argparse.Namespace) -> int:
     for s in steps:
         print(f"per MTP step, {s['phase']}: {s['calls']} call(s) of each builder; {s['source']}")
     rows = []
-    for mode in modes:
+    table_ops = [op for op in TABLE_OPS if op in args.ops]
+    for mode in modes if table_ops else ():
         for bs in args.batches:
             for live in args.live:
                 x = make_inputs(bs, live, args.capacity, mode, seed=bs + live)
@@ -217,30 +351,22 @@ def main(args: argparse.Namespace) -> int:
                     req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
                     seq_lens_casual=x["seq_lens"], max_seq_len=args.capacity,
                     page_size=PAGE_SIZE, swa_window=SWA_WINDOW)
-                for op in OPS:
+                for op in table_ops:
                     fns = providers(op, x, args.capacity, page_mod, c128_mod,
                                     sgl_prep.page_table)
                     refcheck(op, fns["dsv4spec"](), fns["sglang"](), x["seq_lens"],
                              args.capacity)
                     torch.cuda.synchronize()
-                    block = []
-                    for name, fn in fns.items():
-                        block.append({"op": op, "mode": mode, "bs": bs,
-                                      "rows": x["seq_lens"].shape[0], "live": live,
-                                      "provider": name,
-                                      **common.time_in_graph(fn, rep_ms=rep_ms)})
-                    eager = common.time_eager_side_by_side(fns, repeats=5 if args.quick else 15)
-                    for r in block:
-                        r["eager_us"] = eager[r["provider"]]["median_us"]
+                    block = [{"op": op, "mode": mode, "bs": bs, "rows": x["seq_lens"].shape[0],
+                              "live": live, **r} for r in _time_pair(fns, args.quick)]
                     sgl, ours = block
-                    ours["speedup_graph"] = sgl["median_us"] / ours["median_us"]
-                    ours["speedup_eager"] = sgl["eager_us"] / ours["eager_us"]
                     rows += block
                     print(f"{op} {mode} bs={bs} live={live}: SGLang {sgl['median_us']:.2f}/"
                           f"{sgl['eager_us']:.1f}, dsv4spec {ours['median_us']:.2f}/"
                           f"{ours['eager_us']:.1f} µs (graph/eager)", flush=True)
                 del x, sgl_prep
                 torch.cuda.empty_cache()
+    rows += _bench_expansion(args)
     common.print_table(rows, COLUMNS)
     payload = {"environment": env, "launch_floor": floor, "capacity_tokens": args.capacity,
                "page_size": PAGE_SIZE, "drafts_W": DRAFTS, "calls_per_mtp_step": steps}

@@ -14,9 +14,9 @@ from . import standins
 
 SWITCHES = tuple(dict.fromkeys(hook.switch for hook in plugin.HOOKS))
 (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE,
- COMPRESSED) = (hook.target for hook in plugin.HOOKS)
+ COMPRESSED, EXPAND) = (hook.target for hook in plugin.HOOKS)
 MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
-METADATA_TARGETS = (PAGE_TABLE, COMPRESSED)
+METADATA_TARGETS = (PAGE_TABLE, COMPRESSED, EXPAND)
 
 
 @dataclass
@@ -33,6 +33,8 @@ class FakeSGLang:
     # sglang.kernels.ops.attention.dsv4.{attn_metadata_kernels,metadata_kernel} (SGLang's files)
     page_metadata: ModuleType | None = None
     c128_metadata: ModuleType | None = None
+    # sglang.srt.layers.attention.deepseek_v4_backend (SGLang's methods on a stand-in class)
+    backend: ModuleType | None = None
 
     def install(self) -> list[str]:
         """What SGLang's ``load_plugins()`` does with the plugin: register, then apply."""
@@ -70,6 +72,7 @@ def sgl(monkeypatch):
         target = standins.add_module(standins.TARGET_MOD, standins.target_module())
         mhc = standins.mhc_module()
         page_metadata, c128_metadata = standins.metadata_modules()
+        backend = standins.add_module(standins.BACKEND_MOD, standins.backend_module())
         originals = {
             ROLLBACK: pool.DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states,
             DRAFT: nextn.DeepseekV4ModelNextN.hc_head,
@@ -79,9 +82,10 @@ def sgl(monkeypatch):
             MHC_POST_PRE: mhc.mhc_fused_post_pre,
             PAGE_TABLE: page_metadata.build_page_table_positions_triton,
             COMPRESSED: c128_metadata._init_compressed_attn_metadata_triton,
+            EXPAND: backend.DeepseekV4AttnBackend.expand_extend_with_same_length,
         }
         yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
-                         mhc, page_metadata, c128_metadata)
+                         mhc, page_metadata, c128_metadata, backend)
         registry.HookRegistry.reset()
     finally:
         for name in [name for name in sys.modules if _is_sglang(name)]:

@@ -28,6 +28,7 @@ TARGET_FILE = "srt/models/deepseek_v4.py"
 CLEANUP_FILE = "kernels/ops/kvcache/dsv4_c128_cleanup.py"
 MHC_HEAD_FILE = "kernels/ops/layernorm/mhc_head.py"
 REGISTRY_FILE = "srt/plugins/hook_registry.py"
+BACKEND_FILE = "srt/layers/attention/deepseek_v4_backend.py"
 
 POOL_MOD = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 NEXTN_MOD = "sglang.srt.models.deepseek_v4_nextn"
@@ -37,10 +38,12 @@ REGISTRY_MOD = "sglang.srt.plugins.hook_registry"
 PAGE_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels"
 C128_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.metadata_kernel"
 RUNTIME_CONTEXT_MOD = "sglang.srt.runtime_context"
+BACKEND_MOD = "sglang.srt.layers.attention.deepseek_v4_backend"
 # CUDA where present (SGLang's kernels and ours run for real), else the CPU in Triton's interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PACKAGES = ("sglang", "sglang.srt", "sglang.srt.plugins", "sglang.srt.mem_cache",
-            "sglang.srt.models", "sglang.kernels", "sglang.kernels.ops",
+            "sglang.srt.models", "sglang.srt.layers", "sglang.srt.layers.attention",
+            "sglang.kernels", "sglang.kernels.ops",
             "sglang.kernels.ops.layernorm", "sglang.kernels.ops.attention",
             "sglang.kernels.ops.attention.dsv4")
 
@@ -423,3 +426,62 @@ def set_topk_backends(topk_backend: str, draft_topk_backend: str) -> None:
     context.get_exec = lambda: types.SimpleNamespace(kernel=kernel)
     spec = types.SimpleNamespace(speculative_dsa_topk_backend=draft_topk_backend)
     context.get_spec = lambda: spec
+
+
+# --- the DSV4 attention backend: the row expansion and the two methods that call it ------------
+
+def backend_module() -> types.ModuleType:
+    """``deepseek_v4_backend`` with ``DeepseekV4AttnBackend`` carrying SGLang's own
+    ``expand_extend_with_same_length`` (counted) and its two callers,
+    ``make_forward_metadata_from_raw_verify`` and ``init_forward_metadata_draft_extend`` (SGLang's
+    source), and ``DeepseekV4MultiStepBackend`` inheriting them as SGLang's does. The callers run
+    up to ``make_core_attn_metadata``, which records its arguments in ``self.core_calls`` and
+    returns a stand-in core metadata without compressed ratios (``has_c4``/``has_c128`` off)."""
+    from typing import List, Optional, Tuple
+
+    module = types.ModuleType(BACKEND_MOD)
+    module.torch, module.functools = torch, functools
+    module.Optional, module.List, module.Tuple = Optional, List, Tuple
+    module.DSV4Metadata = lambda *args, **kwargs: types.SimpleNamespace(args=args, **kwargs)
+    module.DSV4RawVerifyMetadata = types.SimpleNamespace
+
+    def create_paged_compressor_data(**kwargs):
+        raise AssertionError("no compressed ratios in the stand-in")
+
+    module.create_paged_compressor_data = create_paged_compressor_data
+    names = ("expand_extend_with_same_length", "make_forward_metadata_from_raw_verify",
+             "init_forward_metadata_draft_extend")
+    methods = {name: upstream_function(BACKEND_FILE, name, "DeepseekV4AttnBackend", module)
+               for name in names}
+
+    class DeepseekV4AttnBackend:
+        expand_extend_with_same_length = counted(methods["expand_extend_with_same_length"])
+        make_forward_metadata_from_raw_verify = methods["make_forward_metadata_from_raw_verify"]
+        init_forward_metadata_draft_extend = methods["init_forward_metadata_draft_extend"]
+        MAX_SEQ_LEN_FOR_CAPTURE = 1 << 20
+        has_c4 = has_c128 = trtllm_attn = False
+        page_size = 256
+
+        def __init__(self, device: str, num_draft_tokens: int = 4) -> None:
+            self.device = device
+            self.cuda_int32_kwargs = {"device": device, "dtype": torch.int32}
+            self.speculative_num_draft_tokens = num_draft_tokens
+            self.req_to_token = torch.zeros((1, 1), dtype=torch.int32, device=device)
+            self.token_to_kv_pool = types.SimpleNamespace(request_window=None)
+            self.core_calls: list[dict] = []
+
+        def _fill_cuda_graph_swa_out_cache_loc(self, out_cache_loc):
+            return None  # SGLang's eager miss: no graph buffer
+
+        def make_core_attn_metadata(self, **kwargs):
+            self.core_calls.append(kwargs)
+            return types.SimpleNamespace(low_ratios=(), swa_out_cache_loc=None)
+
+    class DeepseekV4MultiStepBackend(DeepseekV4AttnBackend):
+        pass
+
+    for cls in (DeepseekV4AttnBackend, DeepseekV4MultiStepBackend):
+        cls.__module__ = BACKEND_MOD
+    module.DeepseekV4AttnBackend = DeepseekV4AttnBackend
+    module.DeepseekV4MultiStepBackend = DeepseekV4MultiStepBackend
+    return module

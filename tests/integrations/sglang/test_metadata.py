@@ -23,6 +23,7 @@ from ...kernels.attention_metadata_support import (
 )
 from . import standins
 from .conftest import COMPRESSED as C128_TARGET
+from .conftest import EXPAND as EXPAND_TARGET
 from .conftest import PAGE_TABLE as PAGE_TARGET
 from .standins import C128_METADATA_MOD as C128_MOD
 from .standins import PAGE_METADATA_MOD as PAGE_MOD
@@ -105,7 +106,7 @@ def assert_compressed_result(actual, expected, seq_lens):
 # --- SGLang's source: the targets and how the backend reaches them ------------------------------
 
 def test_targets_and_call_chains_in_sglang_source():
-    assert [hook.target for hook in METADATA_HOOKS] == [PAGE_TARGET, C128_TARGET]
+    assert [hook.target for hook in METADATA_HOOKS] == [PAGE_TARGET, C128_TARGET, EXPAND_TARGET]
     for hook, relpath in zip(METADATA_HOOKS, (PAGE_FILE, C128_FILE)):
         fn = function_node(relpath, hook.attr)
         assert tuple(a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs) == (
@@ -143,13 +144,15 @@ def test_register_installs_both_around_hooks(meta):
         assert len(entries) == 1 and isinstance(entries[0], GuardedHook)
 
 
-def test_switch_off_installs_neither(meta, monkeypatch):
+def test_switch_off_installs_none_of_the_three(meta, monkeypatch):
     sgl, page_mod, c128_mod = meta
     monkeypatch.setenv(SWITCH, "0")
     installed = sgl.install()
-    assert PAGE_TARGET not in installed and C128_TARGET not in installed
+    assert not {PAGE_TARGET, C128_TARGET, EXPAND_TARGET} & set(installed)
     assert page_mod.build_page_table_positions_triton is sgl.originals[PAGE_TARGET]
     assert c128_mod._init_compressed_attn_metadata_triton is sgl.originals[C128_TARGET]
+    assert sgl.backend.DeepseekV4AttnBackend.expand_extend_with_same_length is (
+        sgl.originals[EXPAND_TARGET])
 
 
 # --- behaviour through SGLang's call chains ----------------------------------------------------

@@ -13,6 +13,7 @@ from . import standins
 from .conftest import (
     COMPRESSED,
     DRAFT,
+    EXPAND,
     MHC_POST,
     MHC_POST_PRE,
     MHC_PRE,
@@ -21,7 +22,8 @@ from .conftest import (
     TARGET,
 )
 
-TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED)
+TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED,
+           EXPAND)
 LOGGER = "dsv4spec.integrations.sglang"
 OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
@@ -32,6 +34,7 @@ OWNERS = {  # hook target -> (module, class or None for a module-level function,
     MHC_POST_PRE: (standins.MHC_MOD, None, "mhc_fused_post_pre"),
     PAGE_TABLE: (standins.PAGE_METADATA_MOD, None, "build_page_table_positions_triton"),
     COMPRESSED: (standins.C128_METADATA_MOD, None, "_init_compressed_attn_metadata_triton"),
+    EXPAND: (standins.BACKEND_MOD, "DeepseekV4AttnBackend", "expand_extend_with_same_length"),
 }
 
 
@@ -47,7 +50,7 @@ def registered(sgl):
 
 
 def test_register_installs_one_around_hook_per_target(sgl):
-    assert len(TARGETS) == len(plugin.HOOKS) == 8
+    assert len(TARGETS) == len(plugin.HOOKS) == 9
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}

@@ -27,6 +27,7 @@ FILES = {  # module of a hook target -> file inside the sglang package
     standins.MHC_MOD: standins.MHC_FILE,
     standins.PAGE_METADATA_MOD: PAGE_FILE,
     standins.C128_METADATA_MOD: C128_FILE,
+    standins.BACKEND_MOD: standins.BACKEND_FILE,
 }
 
 

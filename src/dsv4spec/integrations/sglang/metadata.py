@@ -1,8 +1,9 @@
 """AROUND hooks on SGLang's DSV4 attention-metadata builders: the page table and the C128 page
-indices written over each row's live length instead of the pool's whole context.
+indices written over each row's live length instead of the pool's whole context, and the
+target-verify row expansion in one launch.
 
-Targets (SGLang 0.5.23), both module-level functions reached through their module's globals at
-call time, so the registry's ``setattr`` on the module is what every caller sees:
+Targets (SGLang 0.5.23). The first two are module-level functions reached through their module's
+globals at call time, so the registry's ``setattr`` on the module is what every caller sees:
 
 - ``sglang.kernels.ops.attention.dsv4.attn_metadata_kernels.build_page_table_positions_triton``:
   ``DeepseekV4AttnBackend.make_core_attn_metadata`` calls ``BuildPageTablePositions.execute``
@@ -17,12 +18,42 @@ call time, so the registry's ``setattr`` on the module is what every caller sees
 Each runs in the target-verify graph once per MTP step and in each draft-decode step's graph
 (``dsv4spec bench metadata`` prints the source lines). The hooks return SGLang's result types
 with the same shapes, dtypes and values wherever a consumer reads them (the argument, consumer
-by consumer: :mod:`dsv4spec.ops.attention_metadata`), and step aside (SGLang's function runs with
-the same arguments) on ROCm, under ``torch.compile``, where Triton cannot run, for inputs the ops
-do not take (their checks raise before anything is written), for a launch shape first seen
-inside a CUDA-graph capture (nothing compiles there), wherever the measured tables below do
-not say dsv4spec's kernel is faster, and, for the page table, while SGLang is configured to use a
-reader of it whose reads past the live pages no source read bounds (:func:`unbounded_reader`).
+by consumer: :mod:`dsv4spec.ops.attention_metadata`).
+
+The third is a method, ``sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend.
+expand_extend_with_same_length``: the registry sets the class attribute, which every
+``self.expand_extend_with_same_length(...)`` finds (no subclass in SGLang 0.5.23 overrides it).
+Its two callers: ``make_forward_metadata_from_raw_verify`` (fixed-width target verify, recorded in
+the verify graph once per MTP step, or eagerly where the verify metadata is built before the
+graph) and ``init_forward_metadata_draft_extend`` (once per draft extend, eagerly: the draft-
+extend graph runner builds it outside the graph). SGLang's method launches two aranges, an add,
+a repeat_interleave and a gather; :func:`~dsv4spec.ops.attention_metadata.expand_same_length`
+writes the same two tensors (every element, fresh, SGLang's dtypes) in one launch.
+
+All three step aside (SGLang's code runs with the same arguments) on ROCm, under
+``torch.compile``, where Triton cannot run, for inputs the ops do not take (their checks raise
+before anything is written), for a launch shape first seen inside a CUDA-graph capture (nothing
+compiles there), wherever the measured tables below do not say dsv4spec's kernel is faster, and,
+for the page table, while SGLang is configured to use a reader of it whose reads past the live
+pages no source read bounds (:func:`unbounded_reader`).
+
+Left as SGLang's, with the reason:
+
+- ``deepseek_v4_backend._pad_last_dim`` copies its input (``F.pad`` by zero columns is a clone)
+  even when the width is already a multiple of 64 (the SWA indices, built 64-aligned; the C4
+  sparse indices at top-k 512/1024; the C128 indices at 8,192 entries for 1M tokens in 256-token
+  pages), one copy kernel per padded field. Returning the input instead would make the
+  metadata field share storage with its source, and one source is held elsewhere: with a
+  request window (DSV4.1), ``swa_page_indices`` would be the ``request_window_layout.indices``
+  tensor the metadata also keeps, and ``DSV4AttnMetadata.refresh_for_breakable_cuda_graph_
+  replay_`` writes the new layout into that tensor in place before it re-points
+  ``swa_page_indices``: the captured kernels that read the old ``swa_page_indices`` by address
+  would then read the new window's indices where SGLang's give them the captured copy. The
+  other sources (fresh ``torch.full``/``torch.empty`` results) would be safe, but a hook on the
+  function cannot tell them apart from the call, so it stays unhooked.
+- the ``.to(torch.int64)`` casts in ``create_paged_compressor_data``
+  (``srt/layers/attention/dsv4/compressor_v2.py``) are free where the tensor already is int64
+  (``Tensor.to`` returns it); replacing them would mean replacing the planner call itself.
 """
 
 from __future__ import annotations
@@ -47,6 +78,7 @@ from dsv4spec.integrations.hooks import (
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops.attention_metadata import (
     build_page_table_positions,
+    expand_same_length,
     init_compressed_attn_metadata,
 )
 
@@ -54,6 +86,7 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 
 PAGE_TABLE = "build_page_table_positions_triton"
 COMPRESSED = "_init_compressed_attn_metadata_triton"
+EXPAND = "expand_extend_with_same_length"
 
 # Where dsv4spec's kernel beat SGLang's, per GPU architecture (compute capability) and mode
 # ("graph": device time in a CUDA graph; "eager": host wall time per back-to-back eager call),
@@ -67,9 +100,14 @@ COMPRESSED = "_init_compressed_attn_metadata_triton"
 # dsv4spec.ops.attention_metadata does not cover).
 SGLANG_PAGE_TABLE_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
 SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
+# The row expansion, keyed by qo_len (query rows per request: speculative_num_draft_tokens in
+# target verify, the draft-extend width there), over ranges of requests (bs). Not measured yet
+# (``dsv4spec bench metadata --ops expand``): SGLang's method runs everywhere until it is.
+SGLANG_EXPAND_FASTER: FasterTable = {}
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,
+    EXPAND: SGLANG_EXPAND_FASTER,
 }
 
 # Readers of the page table not bounded by the live pages in the sources read (see
@@ -85,23 +123,24 @@ _warned: set[str] = set()
 _compiled: set[tuple] = set()
 
 
-def prefers_dsv4spec(op: str, rows: int, num_pages: int, in_graph: bool,
+def prefers_dsv4spec(op: str, rows: int, width: int, in_graph: bool,
                      architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE) -> bool:
     """Whether SGLang's ``op`` should run dsv4spec's kernel rather than its own.
 
     Parameters
     ----------
-    op : {"build_page_table_positions_triton", "_init_compressed_attn_metadata_triton"}
+    op : {"build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
+          "expand_extend_with_same_length"}
     rows : int
-        Query (metadata) rows of the call.
-    num_pages : int
-        Page-table width in pages.
+        Query (metadata) rows of the call; requests (bs) for the expansion.
+    width : int
+        The table's key: page-table width in pages; qo_len for the expansion.
     in_graph : bool
         Whether the call is captured into a CUDA graph or runs eagerly.
     architecture : (int, int) or None
         The GPU's compute capability; None (ROCm) never prefers ours.
     """
-    return measured_faster(TABLES[op], architecture, num_pages, rows, in_graph)
+    return measured_faster(TABLES[op], architecture, width, rows, in_graph)
 
 
 def unbounded_reader() -> str | None:
@@ -156,7 +195,7 @@ def _capturing(index: int) -> bool:
     return index >= 0 and stream_capturing(index)
 
 
-def _run(op: str, device: torch.device, rows: int, num_pages: int, key: tuple, launch) -> Any:
+def _run(op: str, device: torch.device, rows: int, width: int, key: tuple, launch) -> Any:
     """``launch()`` where the table prefers ours for this call, else STEP_ASIDE.
 
     Eagerly, a shape the graph table gives to ours is launched once even where the eager table
@@ -170,15 +209,15 @@ def _run(op: str, device: torch.device, rows: int, num_pages: int, key: tuple, l
     architecture = gpu_architecture(index)
     key = (op, index, *key)
     if _capturing(index):
-        if (key in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture)
+        if (key in _compiled and prefers_dsv4spec(op, rows, width, True, architecture)
                 and _readers_bounded(op)):
             return launch()
         return STEP_ASIDE
-    if prefers_dsv4spec(op, rows, num_pages, False, architecture) and _readers_bounded(op):
+    if prefers_dsv4spec(op, rows, width, False, architecture) and _readers_bounded(op):
         result = launch()
         _compiled.add(key)
         return result
-    if (key not in _compiled and prefers_dsv4spec(op, rows, num_pages, True, architecture)
+    if (key not in _compiled and prefers_dsv4spec(op, rows, width, True, architecture)
             and _readers_bounded(op)):
         launch()
         _compiled.add(key)
@@ -266,4 +305,47 @@ def make_compressed_metadata_hook(module: ModuleType | None = None) -> GuardedHo
             return _rejected(COMPRESSED, e)
 
     return GuardedHook("DSV4 compressed metadata", _init_compressed_attn_metadata_triton, logger,
+                       "SGLang")
+
+
+def _arange_device_matches(kwargs: Any, device: torch.device) -> bool:
+    """Whether SGLang's aranges (``self.cuda_int32_kwargs["device"]``) land on ``device``, as the
+    method needs for its add and gather: otherwise SGLang's own runs (and raises if it must)."""
+    try:
+        arange_device = torch.device(kwargs["device"])
+    except Exception:  # noqa: BLE001 - missing or not a device: SGLang's code decides
+        return False
+    if arange_device.type != device.type:
+        return False
+    if arange_device.type != "cuda" or arange_device.index == device.index:
+        return True
+    index = arange_device.index
+    return (torch.cuda.current_device() if index is None else index) == device.index
+
+
+def make_expand_hook(module: ModuleType | None = None) -> GuardedHook:
+    """The AROUND hook for ``DeepseekV4AttnBackend.expand_extend_with_same_length``: SGLang's
+    ``(seq_lens_casual, req_pool_indices_repeated)``, from one launch."""
+
+    def expand_extend_with_same_length(self: Any, *, bs: int, qo_len: int,
+                                       seq_lens: torch.Tensor,
+                                       req_pool_indices: torch.Tensor) -> Any:
+        if not (_tensor(seq_lens) and _tensor(req_pool_indices)):
+            return STEP_ASIDE
+        if not _arange_device_matches(getattr(self, "cuda_int32_kwargs", None), seq_lens.device):
+            return STEP_ASIDE
+
+        def launch():
+            rows = expand_same_length(seq_lens, req_pool_indices, bs=bs, qo_len=qo_len)
+            return rows.seq_lens_casual, rows.req_pool_indices_repeated
+
+        requests = bs if isinstance(bs, int) else 0
+        width = qo_len if isinstance(qo_len, int) else 0
+        key = (seq_lens.dtype, req_pool_indices.dtype, width)
+        try:
+            return _run(EXPAND, seq_lens.device, requests, width, key, launch)
+        except (ValueError, TypeError) as e:
+            return _rejected(EXPAND, e)
+
+    return GuardedHook("DSV4 verify row expansion", expand_extend_with_same_length, logger,
                        "SGLang")

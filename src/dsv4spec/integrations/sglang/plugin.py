@@ -52,6 +52,12 @@ def _compressed_metadata_hook(module: ModuleType) -> Callable:
     return make_compressed_metadata_hook(module)
 
 
+def _expand_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.metadata import make_expand_hook
+
+    return make_expand_hook(module)
+
+
 def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
     """The maker of the hook on ``sglang.kernels.ops.layernorm.mhc.<name>``."""
 
@@ -90,8 +96,8 @@ HOOKS = (
          _mhc_hook("mhc_post")),
     Hook("mHC mhc_fused_post_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_fused_post_pre",
          _MHC_FUSED_POST_PRE_PARAMS, _mhc_hook("mhc_fused_post_pre")),
-    # DSV4 attention-metadata builders bounded by the live length (one switch for the two; see
-    # integrations/sglang/metadata.py).
+    # DSV4 attention metadata: the builders bounded by the live length and the verify row
+    # expansion in one launch (one switch for the three; see integrations/sglang/metadata.py).
     Hook("DSV4 page table", "DSV4SPEC_SGLANG_METADATA",
          "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels",
          "build_page_table_positions_triton",
@@ -104,6 +110,10 @@ HOOKS = (
          ("seq_lens", "positions", "raw_out_loc", "page_table", "page_size",
           "compute_page_indices"),
          _compressed_metadata_hook),
+    Hook("DSV4 verify row expansion", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DeepseekV4AttnBackend.expand_extend_with_same_length",
+         ("self", "bs", "qo_len", "seq_lens", "req_pool_indices"), _expand_hook),
 )
 
 _announced = False
