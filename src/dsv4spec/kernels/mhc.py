@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
+from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.hc_head import _round_to
 from dsv4spec.kernels.hc_head_plan import num_sms, supports_pdl
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
@@ -522,7 +523,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
 def fast_math(x: torch.Tensor) -> bool:
     """Whether kernels on ``x``'s device may use CUDA's approximate division (libdevice): not in
     the interpreter, not on ROCm."""
-    return x.is_cuda and torch.version.hip is None
+    return x.is_cuda and not on_rocm()
 
 
 def _pre_outputs(x: torch.Tensor, T: int, H: int):
