@@ -138,9 +138,22 @@ def test_register_installs_an_around_hook_on_the_class(backend):
 
 # --- behaviour through SGLang's callers --------------------------------------------------------
 
+def test_shipped_table_follows_the_h200_results():
+    """benchmarks/results/metadata_expand.md: at qo_len 4 ours won at bs 1..128 in a graph and
+    eagerly; nothing else was measured."""
+    for in_graph in (True, False):
+        for bs in (1, 4, 32, 128):
+            assert hooks.prefers_dsv4spec(hooks.EXPAND, bs, 4, in_graph, (9, 0)), (bs, in_graph)
+        for bs, width in ((0, 4), (129, 4), (1, 3), (8, 5), (1, 8)):
+            assert not hooks.prefers_dsv4spec(hooks.EXPAND, bs, width, in_graph, (9, 0)), (
+                bs, width)
+        for architecture in ((8, 0), (10, 0), None):
+            assert not hooks.prefers_dsv4spec(hooks.EXPAND, 1, 4, in_graph, architecture)
+
+
 def test_empty_table_keeps_sglang(backend, monkeypatch):
     sgl, module = backend
-    assert hooks.TABLES[hooks.EXPAND] == {}, "nothing measured yet: SGLang's everywhere"
+    monkeypatch.setitem(hooks.TABLES, hooks.EXPAND, {})
     sgl.install()
     calls = counted(monkeypatch)
     instance = module.DeepseekV4AttnBackend(DEVICE)

@@ -101,9 +101,12 @@ EXPAND = "expand_extend_with_same_length"
 SGLANG_PAGE_TABLE_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
 SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
 # The row expansion, keyed by qo_len (query rows per request: speculative_num_draft_tokens in
-# target verify, the draft-extend width there), over ranges of requests (bs). Not measured yet
-# (``dsv4spec bench metadata --ops expand``): SGLang's method runs everywhere until it is.
-SGLANG_EXPAND_FASTER: FasterTable = {}
+# target verify, the draft-extend width there), over ranges of requests (bs). Source:
+# benchmarks/results/metadata_expand.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops expand
+# expand_shift --widths 4``): at qo_len 4 ours won at every measured bs, 1 to 128, both in a graph
+# and eagerly; other widths stay SGLang's until measured.
+SGLANG_EXPAND_FASTER: FasterTable = {(9, 0): {"graph": {4: ((1, 128),)},
+                                              "eager": {4: ((1, 128),)}}}
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,
