@@ -149,6 +149,94 @@ def load_sglang_expand(module_globals: dict | None = None):
     return namespace[EXPAND_METHOD]
 
 
+ATTN_METADATA_CLASS = "DSV4AttnMetadata"
+ATTN_METADATA_MEMBERS = ("has_c4", "has_c128", "init_compression_metadata",
+                         "init_flashmla_related")
+ATTN_METADATA_FUNCTIONS = ("_pad_last_dim", "_low_ratio_compression_metadata",
+                           "_low_ratio_sparse_buffers")
+
+
+def sglang_function_source(relpath: str, name: str) -> str:
+    """The source of SGLang's module-level function ``name`` in ``relpath``."""
+    text = sglang_file(relpath).read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(text, node)
+    raise LookupError(f"{name} not in {relpath}")
+
+
+class _FlashMLAScheduleStandIn:
+    """What the stand-in ``_create_flashmla_metadata`` returns: a fresh object per call, numbered
+    (SGLang's returns a fresh FlashMLA schedule, filled by the first attention call)."""
+
+    created = 0
+
+    def __init__(self) -> None:
+        type(self).created += 1
+        self.number = type(self).created
+
+
+def load_sglang_attn_metadata(c128_mod: ModuleType, module: ModuleType | None = None) -> type:
+    """A stand-in of SGLang's ``DSV4AttnMetadata`` carrying its own ``has_c4``, ``has_c128``,
+    ``init_compression_metadata`` and ``init_flashmla_related`` (their source in
+    ``deepseek_v4_backend.py``, executed over ``module``'s globals, a fresh module by default),
+    with the module-level functions they call: SGLang's ``_pad_last_dim`` and low-ratio helpers
+    (its source), ``_init_compression_metadata_triton`` = ``c128_mod.init_compression_metadata``
+    (as the backend imports it) and a ``_create_flashmla_metadata`` returning a fresh
+    :class:`_FlashMLAScheduleStandIn`. The instance's fields are keyword arguments, the others
+    None as the dataclass leaves them. Raises ``FileNotFoundError`` without SGLang's source."""
+    from typing import Optional, Tuple, TypeVar
+
+    import torch.nn.functional as F
+
+    module = module if module is not None else ModuleType("dsv4_attn_metadata_standin")
+    g = module.__dict__
+    g.update(torch=torch, F=F, Optional=Optional, Tuple=Tuple, T=TypeVar("T"),
+             PAGE_INDEX_ALIGNED_SIZE=64, ceil_align=lambda x, y: -(-x // y) * y,
+             _init_compression_metadata_triton=c128_mod.init_compression_metadata,
+             _create_flashmla_metadata=_FlashMLAScheduleStandIn)
+    for name in ATTN_METADATA_FUNCTIONS:
+        exec(compile(sglang_function_source(BACKEND_FILE, name), str(sglang_file(BACKEND_FILE)),
+                     "exec"), g)
+    members = {}
+    for name in ATTN_METADATA_MEMBERS:
+        source, _ = sglang_method_source(BACKEND_FILE, ATTN_METADATA_CLASS, name)
+        namespace: dict = {}
+        exec(compile(source, str(sglang_file(BACKEND_FILE)), "exec"), g, namespace)
+        members[name] = namespace[name]
+    for name in ("has_c4", "has_c128"):
+        members[name] = property(members[name])
+
+    def __init__(self, **fields: object) -> None:
+        for name in _ATTN_METADATA_FIELDS:
+            setattr(self, name, None)
+        self.low_ratios, self.request_window_layout = (), None
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    members["__init__"] = __init__
+    members["__module__"] = module.__name__
+    return type(ATTN_METADATA_CLASS, (), members)
+
+
+# DSV4AttnMetadata's tensor fields the two methods read or write (None unless given).
+_ATTN_METADATA_FIELDS = (
+    "page_size", "page_table", "raw_out_loc", "cuda_int32_kwargs", "seq_lens_casual",
+    "positions_casual", "swa_page_indices", "swa_topk_lengths", "index_topk", "present_ratios",
+    "swa_out_cache_loc", "c4_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1",
+    "c4_sparse_topk_lengths", "c4_sparse_page_indices", "c4_sparse_raw_indices", "c128_out_loc",
+    "c128_page_indices", "c128_topk_lengths_clamp1", "c1_out_loc", "c1_topk_lengths_clamp1",
+    "c1_sparse_topk_lengths", "c1_sparse_page_indices", "c1_sparse_raw_indices", "c2_out_loc",
+    "c2_topk_lengths_clamp1", "c2_sparse_topk_lengths", "c2_sparse_page_indices",
+    "c2_sparse_raw_indices", "c0_flashmla_metadata", "c1_flashmla_metadata",
+    "c2_flashmla_metadata", "c4_flashmla_metadata", "c128_flashmla_metadata",
+)
+# What init_compression_metadata + init_flashmla_related assign (decode, C4 and C128 layers).
+COMPRESSION_FIELDS = ("c4_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1",
+                      "c4_sparse_topk_lengths", "c4_sparse_page_indices", "c128_out_loc",
+                      "c128_topk_lengths_clamp1", "c128_page_indices", "swa_page_indices")
+
+
 def _line_of(lines: list[str], pattern: str, start: int = 0) -> int:
     for i in range(start, len(lines)):
         if re.search(pattern, lines[i]):

@@ -226,3 +226,126 @@ def expand_same_length_triton(
             total, shift, QO_LEN=qo_len, WRITE_SHIFTED=write_shifted, BLOCK=EXPAND_BLOCK,
         )
     return shifted, casual, repeated
+
+
+# Widths padded to a multiple of this, as SGLang's _pad_last_dim (PAGE_INDEX_ALIGNED_SIZE) does.
+INDEX_ALIGN = 64
+# Entries per loop step of the SWA copy and the C4 sparse fill (SWA 128 wide, top-k 512/1024).
+FILL_BLOCK = 128
+
+
+def aligned_width(width: int) -> int:
+    """``width`` rounded up to :data:`INDEX_ALIGN` (SGLang's ``ceil_align(width, 64)``)."""
+    return -(-width // INDEX_ALIGN) * INDEX_ALIGN
+
+
+# num_write_rows changes with the batch: not specialised, so a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["num_write_rows"])
+def _compression_metadata_fused_kernel(
+    seq_lens, raw_out_loc, page_table, swa_in, swa_out,
+    c4_out_loc, c4_lengths, c4_lengths_clamp1, c4_sparse_lengths, c4_sparse_indices,
+    c128_out_loc, c128_lengths_clamp1, c128_page_indices,
+    num_write_rows, max_pages, width, c128_width, swa_in_stride, swa_width, swa_out_width,
+    index_topk, sparse_width,
+    PAGE_ENTRIES: tl.constexpr, SLACK: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK: tl.constexpr, FILL: tl.constexpr, HAS_C4: tl.constexpr, HAS_C128: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row64 = row.to(tl.int64)
+    seq_len = tl.load(seq_lens + row)
+    writes = row < num_write_rows
+    out_loc = tl.load(raw_out_loc + row, mask=writes, other=0)
+
+    # The SWA indices, copied to a fresh table (SGLang's F.pad returns a new tensor even when it
+    # pads nothing) with -1 in the alignment columns.
+    for start in range(0, swa_out_width, FILL):
+        column = start + tl.arange(0, FILL)
+        value = tl.load(swa_in + row64 * swa_in_stride + column, mask=column < swa_width,
+                        other=-1)
+        tl.store(swa_out + row64 * swa_out_width + column, value, mask=column < swa_out_width)
+
+    if HAS_C4:
+        tl.store(c4_out_loc + row, tl.where((seq_len % 4) == 0, out_loc // 4, 0), mask=writes)
+        c4_len = seq_len // 4
+        c4_clamp1 = tl.maximum(c4_len, 1)
+        tl.store(c4_lengths + row, c4_len)
+        tl.store(c4_lengths_clamp1 + row, c4_clamp1)
+        # init_flashmla_related's clamp (in int32, as SGLang clamps the int32 lengths) ...
+        tl.store(c4_sparse_lengths + row, tl.minimum(c4_clamp1.to(tl.int32), index_topk))
+        # ... and its -1 table, every entry written.
+        minus_one = tl.full((FILL,), -1, tl.int32)
+        for start in range(0, sparse_width, FILL):
+            column = start + tl.arange(0, FILL)
+            tl.store(c4_sparse_indices + row64 * sparse_width + column, minus_one,
+                     mask=column < sparse_width)
+
+    if HAS_C128:
+        tl.store(c128_out_loc + row, tl.where((seq_len % 128) == 0, out_loc // 128, 0),
+                 mask=writes)
+        c128_len = seq_len // 128
+        tl.store(c128_lengths_clamp1 + row, tl.maximum(c128_len, 1))
+        # As compressed_attn_metadata_triton's extent, at the aligned width: entries past the
+        # table's own width are SGLang's -1 padding.
+        reach = (tl.maximum(c128_len, 1) + ALIGN - 1) // ALIGN * ALIGN
+        extent = tl.minimum(reach + SLACK, c128_width)
+        dst = c128_page_indices + row64 * c128_width
+        table = page_table + row64 * max_pages
+        for start in range(0, extent, BLOCK):
+            entry = start + tl.arange(0, BLOCK)
+            valid = (entry < c128_len) & (entry < width)
+            page = tl.load(table + entry // PAGE_ENTRIES, mask=valid, other=0)
+            index = page * PAGE_ENTRIES + entry % PAGE_ENTRIES
+            tl.store(dst + entry, tl.where(valid, index, -1), mask=entry < extent)
+
+
+def compression_metadata_fused_triton(
+    seq_lens: torch.Tensor, raw_out_loc: torch.Tensor, page_table: torch.Tensor,
+    swa_page_indices: torch.Tensor, page_size: int, index_topk: int, has_c4: bool,
+    has_c128: bool,
+) -> tuple[torch.Tensor | None, ...]:
+    """Launch: ``(c4_out_loc int64 [W], c4_topk_lengths_raw, c4_topk_lengths_clamp1,
+    c4_sparse_topk_lengths (int32 [R]), c4_sparse_page_indices int32 [R, align(index_topk)],
+    c128_out_loc int64 [W], c128_topk_lengths_clamp1 int32 [R], c128_page_indices int32
+    [R, align((page_size // 128) * max_pages)], swa_page_indices [R, align(swa width)])``, the C4
+    fields None without C4, the C128 ones None without C128; every element written except each
+    C128 row past its extent. ``W = raw_out_loc.shape[0] <= R``; ``align`` rounds up to 64.
+
+    Inputs are checked by :func:`dsv4spec.ops.attention_metadata.build_compression_metadata`
+    (``page_table`` contiguous; ``swa_page_indices``' columns contiguous).
+    """
+    rows = seq_lens.shape[0]
+    write_rows = raw_out_loc.shape[0]
+    device = seq_lens.device
+    int32 = {"dtype": torch.int32, "device": device}
+    swa_width = swa_page_indices.shape[1]
+    swa_out = torch.empty((rows, aligned_width(swa_width)), dtype=swa_page_indices.dtype,
+                          device=device)
+    c4 = c128 = (None,)
+    unused = swa_out  # any int32 tensor of the device: never read or written (flag off)
+    if has_c4:
+        sparse_width = aligned_width(index_topk)
+        c4 = (torch.empty(write_rows, dtype=torch.int64, device=device),
+              *(torch.empty(rows, **int32) for _ in range(3)),
+              torch.empty((rows, sparse_width), **int32))
+    else:
+        sparse_width = 0
+    page_entries = page_size // 128 if has_c128 else 1
+    max_pages = page_table.shape[1]
+    width = page_entries * max_pages if has_c128 else 0
+    if has_c128:
+        c128 = (torch.empty(write_rows, dtype=torch.int64, device=device),
+                torch.empty(rows, **int32),
+                torch.empty((rows, aligned_width(width)), **int32))
+    c4_args = c4 if has_c4 else (unused,) * 5
+    c128_args = c128 if has_c128 else (unused,) * 3
+    if rows:
+        _compression_metadata_fused_kernel[(rows,)](
+            seq_lens, raw_out_loc, page_table, swa_page_indices, swa_out, *c4_args, *c128_args,
+            write_rows, max_pages, width, aligned_width(width), swa_page_indices.stride(0),
+            swa_width, swa_out.shape[1], index_topk, sparse_width,
+            PAGE_ENTRIES=page_entries, SLACK=C128_SLACK, ALIGN=C128_BLOCK,
+            BLOCK=C128_INDEX_BLOCK, FILL=FILL_BLOCK, HAS_C4=has_c4, HAS_C128=has_c128,
+        )
+    c4 = c4 if has_c4 else (None,) * 5
+    c128 = c128 if has_c128 else (None,) * 3
+    return (*c4, *c128, swa_out)

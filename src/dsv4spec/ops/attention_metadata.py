@@ -69,6 +69,16 @@ The small per-row outputs (lengths, positions, cache-write locations) are always
 ``DeepseekV4AttnBackend.expand_extend_with_same_length``, optionally with the caller's
 ``seq_lens + W``) as one launch; it writes every element, so no consumer argument is needed: its
 outputs equal SGLang's everywhere.
+
+:func:`build_compression_metadata` is what SGLang's ``DSV4AttnMetadata.init_compression_metadata``
+and ``init_flashmla_related`` compute for a model with C4/C128 layers only (no ratio-1/2 layers),
+in one launch instead of six (the compressed-metadata kernel, three ``_pad_last_dim`` copies, a
+clamp and a fill; the idea of sgl-project/sglang PR #33387). The C128 page indices are written at
+the 64-aligned width directly, bounded as :func:`init_compressed_attn_metadata`'s are (the pad
+columns lie past ``seq_len // 128``, where SGLang's values are -1 too, and are written as -1 where
+they fall inside the extent): the argument above is unchanged, it only counts columns of the
+aligned table. Every other output (the SWA copy, the C4 sparse lengths and -1 table, the lengths
+and cache-write locations) is written in full.
 """
 
 from __future__ import annotations
@@ -82,7 +92,9 @@ from dsv4spec.kernels.attention_metadata import (
     C128_BLOCK,
     C128_SLACK,
     PAGE_TABLE_SLACK,
+    aligned_width,
     compressed_attn_metadata_triton,
+    compression_metadata_fused_triton,
     expand_same_length_triton,
     page_table_positions_triton,
 )
@@ -439,3 +451,135 @@ def expand_same_length(
                                             shift=shift)
     return ExpandedRows(*expand_same_length_triton(seq_lens, req_pool_indices, bs, qo_len, shift,
                                                    return_shifted))
+
+
+class CompressionMetadata(NamedTuple):
+    """``build_compression_metadata``'s result: the ``DSV4AttnMetadata`` fields SGLang's
+    ``init_compression_metadata`` and ``init_flashmla_related`` assign (None: ratio absent)."""
+
+    c4_out_loc: torch.Tensor | None  # int64 [W]
+    c4_topk_lengths_raw: torch.Tensor | None  # int32 [R]
+    c4_topk_lengths_clamp1: torch.Tensor | None  # int32 [R]
+    c4_sparse_topk_lengths: torch.Tensor | None  # int32 [R], min(clamp1, index_topk)
+    c4_sparse_page_indices: torch.Tensor | None  # int32 [R, align(index_topk)], all -1
+    c128_out_loc: torch.Tensor | None  # int64 [W]
+    c128_topk_lengths_clamp1: torch.Tensor | None  # int32 [R]
+    c128_page_indices: torch.Tensor | None  # int32 [R, align((page_size // 128) * max_pages)]
+    swa_page_indices: torch.Tensor  # int32 [R, align(swa width)], a fresh copy, -1 padded
+
+
+def _check_fused_inputs(seq_lens, raw_out_loc, page_table, swa_page_indices, page_size,
+                        index_topk, has_c4, has_c128) -> None:
+    seq_lens = _check_index("seq_lens", seq_lens, 1)
+    device = seq_lens.device
+    _check_index("raw_out_loc", raw_out_loc, 1, device)
+    rows = seq_lens.shape[0]
+    if raw_out_loc.shape[0] > rows:
+        raise ValueError(f"raw_out_loc has {raw_out_loc.shape[0]} rows, more than the {rows} "
+                         "metadata rows")
+    for name, flag in (("has_c4", has_c4), ("has_c128", has_c128)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    _check_index("swa_page_indices", swa_page_indices, 2, device, (torch.int32,))
+    if swa_page_indices.shape[0] != rows:
+        raise ValueError(f"swa_page_indices has {swa_page_indices.shape[0]} rows, seq_lens "
+                         f"{rows}")
+    if swa_page_indices.shape[1] > 1 and swa_page_indices.stride(1) != 1:
+        raise ValueError("swa_page_indices' rows must be contiguous (stride(1) == 1)")
+    _check_index("page_table", page_table, 2, device, (torch.int32,))
+    if page_table.shape[0] != rows:
+        raise ValueError(f"page_table has {page_table.shape[0]} rows, seq_lens {rows}")
+    if not page_table.is_contiguous():
+        raise ValueError("page_table must be contiguous (its row stride is its width)")
+    if has_c4:
+        _check_int("index_topk", index_topk, 1)
+    if has_c128:
+        _check_int("page_size", page_size, 128)
+        if page_size % 128:
+            raise ValueError(f"page_size must be a multiple of 128, got {page_size}")
+        if aligned_width((page_size // 128) * page_table.shape[1]) > INT32_MAX:
+            raise ValueError("page_table is too wide for int32 page indices")
+
+
+def build_compression_metadata_reference(
+    seq_lens: torch.Tensor, raw_out_loc: torch.Tensor, page_table: torch.Tensor,
+    swa_page_indices: torch.Tensor, *, page_size: int, index_topk: int, has_c4: bool = True,
+    has_c128: bool = True,
+) -> CompressionMetadata:
+    """SGLang's values at every position, every element written (pure torch, any device):
+    :func:`init_compressed_attn_metadata_reference`'s fields, each table padded with -1 to a
+    multiple of 64 columns, ``min(c4_topk_lengths_clamp1, index_topk)`` and a -1 table of
+    ``align(index_topk)`` columns."""
+    _check_fused_inputs(seq_lens, raw_out_loc, page_table, swa_page_indices, page_size,
+                        index_topk, has_c4, has_c128)
+
+    def pad(table: torch.Tensor) -> torch.Tensor:
+        out = torch.full((table.shape[0], aligned_width(table.shape[1])), -1, dtype=table.dtype,
+                         device=table.device)
+        out[:, :table.shape[1]] = table
+        return out
+
+    base = init_compressed_attn_metadata_reference(
+        seq_lens, seq_lens, raw_out_loc, page_table, page_size if has_c128 else 128, has_c128)
+    c4 = c128 = (None,)
+    if has_c4:
+        rows = seq_lens.shape[0]
+        c4 = (base.c4_out_loc, base.c4_seq_lens_raw, base.c4_seq_lens_clamp1,
+              base.c4_seq_lens_clamp1.clamp(max=index_topk),
+              torch.full((rows, aligned_width(index_topk)), -1, dtype=torch.int32,
+                         device=seq_lens.device))
+    if has_c128:
+        c128 = (base.c128_out_loc, base.c128_seq_lens_clamp1, pad(base.c128_page_indices))
+    return CompressionMetadata(*(c4 if has_c4 else (None,) * 5),
+                               *(c128 if has_c128 else (None,) * 3), pad(swa_page_indices))
+
+
+def build_compression_metadata(
+    seq_lens: torch.Tensor, raw_out_loc: torch.Tensor, page_table: torch.Tensor,
+    swa_page_indices: torch.Tensor, *, page_size: int, index_topk: int, has_c4: bool = True,
+    has_c128: bool = True, impl: str = "triton",
+) -> CompressionMetadata:
+    """SGLang 0.5.23's ``DSV4AttnMetadata.init_compression_metadata`` followed by
+    ``init_flashmla_related`` (decode, no ratio-1/2 layers) in one launch.
+
+    Parameters
+    ----------
+    seq_lens : Tensor ``[R]``, int32 or int64
+        Causal length of each metadata row (``seq_lens_casual``).
+    raw_out_loc : Tensor ``[W]``, ``W <= R``, int32 or int64
+        Cache-write slot of each row that writes.
+    page_table : Tensor ``[R, max_pages]`` int32, contiguous
+        As :func:`build_page_table_positions` returns it (only live columns are read).
+    swa_page_indices : Tensor ``[R, S]`` int32, rows contiguous
+        The SWA indices; returned copied into a fresh ``[R, align(S)]`` table, -1 padded.
+    page_size : int
+        Tokens per page, a multiple of 128 (read with C128 only).
+    index_topk : int
+        The indexer's top-k (read with C4 only).
+    has_c4, has_c128 : bool
+        Whether the model has C4 / C128 layers (SGLang's ``present_ratios``).
+    impl : {"triton", "torch"}
+        ``"torch"``: :func:`build_compression_metadata_reference` (every element written).
+
+    Returns
+    -------
+    CompressionMetadata
+        Fresh contiguous tensors of SGLang's shapes and dtypes. ``"triton"`` writes row ``r`` of
+        ``c128_page_indices`` only up to ``c128_index_extent(seq_lens, its width)[r]`` entries;
+        every other element is written.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, before anything is allocated or launched.
+    """
+    _check_fused_inputs(seq_lens, raw_out_loc, page_table, swa_page_indices, page_size,
+                        index_topk, has_c4, has_c128)
+    _check_impl(impl, seq_lens.device)
+    if impl == "torch":
+        return build_compression_metadata_reference(
+            seq_lens, raw_out_loc, page_table, swa_page_indices, page_size=page_size,
+            index_topk=index_topk, has_c4=has_c4, has_c128=has_c128)
+    return CompressionMetadata(*compression_metadata_fused_triton(
+        seq_lens, raw_out_loc, page_table, swa_page_indices, page_size, index_topk, has_c4,
+        has_c128))
