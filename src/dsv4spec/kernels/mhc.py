@@ -443,7 +443,11 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_h is None:
-        block_h = 128 if T <= 8 else 1024 if T <= 128 else 512
+        # the finalize's H-blocks: more, narrower programs while few tokens leave SMs idle
+        # (benchmarks/results/mhc_sweep.json: 256 at T = 3-4 and 512 at 5-8 cut the boundary
+        # by 0.4 and 1.2 us at T = 4 and 8)
+        block_h = (128 if T <= 2 else 256 if T <= 4 else 512 if T <= 8 else 1024 if T <= 128
+                   else 512)
     if warps is None:
         # the finalize's reductions stay in-warp shuffles with one warp
         warps = (2 if T <= 2 or 16 < T <= 64 else 4, 1)
@@ -585,9 +589,10 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     (allocated or ``out``)."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0
-    # 1024-wide H-blocks, 4 warps: one 16-byte load per stream and thread for bf16 (SGLang's
-    # h_blocks = 7 at H = 7168)
-    block_h = block_h or 1024
+    # 4 warps; 256-wide H-blocks up to 8 tokens (more programs in flight for a latency-bound
+    # call), 512 at 33-128, else 1024 (one 16-byte bf16 load per stream and thread), from
+    # benchmarks/results/mhc_sweep.json
+    block_h = block_h or (256 if T <= 8 else 512 if 32 < T <= 128 else 1024)
     out = torch.empty_like(residual) if out is None else out
     pointers = (f.data_ptr(), residual.data_ptr(), post.data_ptr(), comb.data_ptr(),
                 out.data_ptr())
