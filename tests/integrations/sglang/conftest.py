@@ -14,7 +14,10 @@ from . import standins
 
 SWITCHES = tuple(dict.fromkeys(hook.switch for hook in plugin.HOOKS))
 (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE,
- COMPRESSED, EXPAND) = (hook.target for hook in plugin.HOOKS)
+ COMPRESSED, EXPAND) = (hook.target for hook in plugin.HOOKS[:9])
+COMPRESSION_METHOD, FLASHMLA_METHOD = (
+    next(hook.target for hook in plugin.HOOKS if hook.attr == f"DSV4AttnMetadata.{name}")
+    for name in ("init_compression_metadata", "init_flashmla_related"))
 MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
 METADATA_TARGETS = (PAGE_TABLE, COMPRESSED, EXPAND)
 
@@ -83,6 +86,8 @@ def sgl(monkeypatch):
             PAGE_TABLE: page_metadata.build_page_table_positions_triton,
             COMPRESSED: c128_metadata._init_compressed_attn_metadata_triton,
             EXPAND: backend.DeepseekV4AttnBackend.expand_extend_with_same_length,
+            COMPRESSION_METHOD: backend.DSV4AttnMetadata.init_compression_metadata,
+            FLASHMLA_METHOD: backend.DSV4AttnMetadata.init_flashmla_related,
         }
         yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
                          mhc, page_metadata, c128_metadata, backend)

@@ -484,4 +484,21 @@ def backend_module() -> types.ModuleType:
         cls.__module__ = BACKEND_MOD
     module.DeepseekV4AttnBackend = DeepseekV4AttnBackend
     module.DeepseekV4MultiStepBackend = DeepseekV4MultiStepBackend
+    add_attn_metadata(module)
     return module
+
+
+def add_attn_metadata(module: types.ModuleType) -> None:
+    """``module.DSV4AttnMetadata``: a stand-in carrying SGLang's own ``init_compression_metadata``
+    and ``init_flashmla_related`` (counted) over SGLang's ``metadata_kernel.py`` where it is
+    loaded at its dotted path (``_pad_last_dim`` and the other helpers they call: SGLang's source,
+    in ``module``)."""
+    from dsv4spec.bench.metadata import load_sglang_attn_metadata
+
+    c128 = sys.modules.get(C128_METADATA_MOD)
+    if c128 is None or not hasattr(c128, "init_compression_metadata"):
+        return
+    cls = load_sglang_attn_metadata(c128, module)
+    for name in ("init_compression_metadata", "init_flashmla_related"):
+        setattr(cls, name, counted(getattr(cls, name)))
+    module.DSV4AttnMetadata = cls

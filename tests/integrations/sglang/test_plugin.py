@@ -12,8 +12,10 @@ from dsv4spec.integrations.sglang import plugin, source
 from . import standins
 from .conftest import (
     COMPRESSED,
+    COMPRESSION_METHOD,
     DRAFT,
     EXPAND,
+    FLASHMLA_METHOD,
     MHC_POST,
     MHC_POST_PRE,
     MHC_PRE,
@@ -23,7 +25,7 @@ from .conftest import (
 )
 
 TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED,
-           EXPAND)
+           EXPAND, COMPRESSION_METHOD, FLASHMLA_METHOD)
 LOGGER = "dsv4spec.integrations.sglang"
 OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
@@ -35,6 +37,8 @@ OWNERS = {  # hook target -> (module, class or None for a module-level function,
     PAGE_TABLE: (standins.PAGE_METADATA_MOD, None, "build_page_table_positions_triton"),
     COMPRESSED: (standins.C128_METADATA_MOD, None, "_init_compressed_attn_metadata_triton"),
     EXPAND: (standins.BACKEND_MOD, "DeepseekV4AttnBackend", "expand_extend_with_same_length"),
+    COMPRESSION_METHOD: (standins.BACKEND_MOD, "DSV4AttnMetadata", "init_compression_metadata"),
+    FLASHMLA_METHOD: (standins.BACKEND_MOD, "DSV4AttnMetadata", "init_flashmla_related"),
 }
 
 
@@ -50,7 +54,7 @@ def registered(sgl):
 
 
 def test_register_installs_one_around_hook_per_target(sgl):
-    assert len(TARGETS) == len(plugin.HOOKS) == 9
+    assert len(TARGETS) == len(plugin.HOOKS) == 11
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}

@@ -30,7 +30,28 @@ extend graph runner builds it outside the graph). SGLang's method launches two a
 a repeat_interleave and a gather; :func:`~dsv4spec.ops.attention_metadata.expand_same_length`
 writes the same two tensors (every element, fresh, SGLang's dtypes) in one launch.
 
-All three step aside (SGLang's code runs with the same arguments) on ROCm, under
+The fourth and fifth are methods of ``deepseek_v4_backend.DSV4AttnMetadata`` (class attributes,
+found by every ``metadata.init_...(...)``): ``init_compression_metadata`` and
+``init_flashmla_related``, which ``DeepseekV4AttnBackend.make_core_attn_metadata`` calls back to
+back when ``need_compress`` (target verify, draft decode, prefill; draft extend passes
+``need_compress=False``). SGLang launches there its compressed-metadata kernel, ``_pad_last_dim``
+of the C128 and of the SWA indices (each a full copy, ``F.pad`` by zero columns being a clone), a
+clamp, a ``torch.full`` and ``_pad_last_dim`` of it. The first hook launches
+:func:`~dsv4spec.ops.attention_metadata.build_compression_metadata` once, assigns the fields SGLang
+assigns (fresh tensors of SGLang's shapes, dtypes and strides; the SWA indices a fresh copy, as
+``F.pad``'s) and keeps the C4 sparse fields for the second, which assigns them (and creates the
+FlashMLA schedules as SGLang's method does) only for the same object with the same, unmodified
+``c4_topk_lengths_clamp1`` and ``index_topk``, not in prefill; otherwise SGLang's method runs and
+recomputes them. Consumers of the result: ``copy_`` (``copy_metadata``, every byte, unread),
+``refresh_for_breakable_cuda_graph_replay_`` (prefill graphs: reference assignment),
+``init_trtllm_sparse_buffers`` (SM100 only), ``apply_cp_reindex`` (prefill with context parallel,
+where the hook steps aside) and the attention kernels: the C128 argument of
+:mod:`dsv4spec.ops.attention_metadata` bounds them, the rest is written in full. The first hook
+steps aside for ratio-1/2 layers (DSV4.1), ``low_ratio_buffers``, a request window, context
+parallel (``num_tokens`` given), no C4/C128 layer, a non-contiguous SWA table, an
+``index_topk`` SGLang rejects, empty batches, and as the others below; its measured table is empty.
+
+All of them step aside (SGLang's code runs with the same arguments) on ROCm, under
 ``torch.compile``, where Triton cannot run, for inputs the ops do not take (their checks raise
 before anything is written), for a launch shape first seen inside a CUDA-graph capture (nothing
 compiles there), wherever the measured tables below do not say dsv4spec's kernel is faster, and,
@@ -61,6 +82,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -77,6 +99,7 @@ from dsv4spec.integrations.hooks import (
 )
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops.attention_metadata import (
+    build_compression_metadata,
     build_page_table_positions,
     expand_same_length,
     init_compressed_attn_metadata,
@@ -87,6 +110,7 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 PAGE_TABLE = "build_page_table_positions_triton"
 COMPRESSED = "_init_compressed_attn_metadata_triton"
 EXPAND = "expand_extend_with_same_length"
+COMPRESSION = "init_compression_metadata"
 
 # Where dsv4spec's kernel beat SGLang's, per GPU architecture (compute capability) and mode
 # ("graph": device time in a CUDA graph; "eager": host wall time per back-to-back eager call),
@@ -107,10 +131,15 @@ SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, 
 # and eagerly; other widths stay SGLang's until measured.
 SGLANG_EXPAND_FASTER: FasterTable = {(9, 0): {"graph": {4: ((1, 128),)},
                                               "eager": {4: ((1, 128),)}}}
+# DSV4AttnMetadata.init_compression_metadata + init_flashmla_related in one launch, keyed as the
+# compressed metadata (page-table width in pages, query rows). Empty until a GPU measurement
+# (``dsv4spec bench metadata --ops compression``) fills it: SGLang's methods run meanwhile.
+SGLANG_COMPRESSION_FASTER: FasterTable = {}
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,
     EXPAND: SGLANG_EXPAND_FASTER,
+    COMPRESSION: SGLANG_COMPRESSION_FASTER,
 }
 
 # Readers of the page table not bounded by the live pages in the sources read (see
@@ -133,7 +162,7 @@ def prefers_dsv4spec(op: str, rows: int, width: int, in_graph: bool,
     Parameters
     ----------
     op : {"build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
-          "expand_extend_with_same_length"}
+          "expand_extend_with_same_length", "init_compression_metadata"}
     rows : int
         Query (metadata) rows of the call; requests (bs) for the expansion.
     width : int
@@ -352,3 +381,128 @@ def make_expand_hook(module: ModuleType | None = None) -> GuardedHook:
 
     return GuardedHook("DSV4 verify row expansion", expand_extend_with_same_length, logger,
                        "SGLang")
+
+
+# The C4 sparse fields init_compression_metadata's launch computed for init_flashmla_related:
+# (the metadata, by weak reference; its c4_topk_lengths_clamp1 and that tensor's version counter
+# when they were written; index_topk; c4_sparse_topk_lengths; c4_sparse_page_indices). One slot:
+# SGLang's make_core_attn_metadata calls the two methods back to back on one object.
+_pending_sparse: tuple | None = None
+
+
+def _attn_metadata_covered(metadata: Any, num_tokens: Any, low_ratio_buffers: Any) -> bool:
+    """Whether an ``init_compression_metadata`` call is one the fused launch reproduces: a model
+    with C4/C128 layers and no ratio-1/2 ones, no request window, no context-parallel split
+    (``num_tokens`` is passed only there), SGLang's own assertions satisfied, tensors the op takes
+    and a SWA table whose ``F.pad`` copy is contiguous (a contiguous source)."""
+    if num_tokens is not None or low_ratio_buffers is not None:
+        return False
+    if tuple(getattr(metadata, "low_ratios", ())) or metadata.request_window_layout is not None:
+        return False
+    present = tuple(metadata.present_ratios)
+    if not set(present) <= {0, 4, 128} or not {4, 128} & set(present):
+        return False
+    seq_lens, page_table = metadata.seq_lens_casual, metadata.page_table
+    swa, out_loc = metadata.swa_page_indices, metadata.raw_out_loc
+    if not all(_tensor(t) for t in (seq_lens, page_table, swa, out_loc)):
+        return False
+    if seq_lens.dim() != 1 or page_table.dim() != 2 or swa.dim() != 2 or out_loc.dim() != 1:
+        return False
+    rows = seq_lens.shape[0]
+    if rows == 0 or out_loc.shape[0] != rows or not swa.is_contiguous():
+        return False
+    # init_flashmla_related asserts this; SGLang's own path raises it.
+    return 4 not in present or metadata.index_topk in (512, 1024)
+
+
+def make_compression_metadata_hook(module: ModuleType | None = None) -> GuardedHook:
+    """The AROUND hook for ``DSV4AttnMetadata.init_compression_metadata``: the fields SGLang
+    assigns (its compressed-metadata kernel, ``_pad_last_dim`` of the C128 and SWA indices), and
+    the C4 sparse fields ``init_flashmla_related`` derives next, from one launch of
+    :func:`~dsv4spec.ops.attention_metadata.build_compression_metadata`."""
+
+    def init_compression_metadata(self: Any, num_tokens: int | None = None,
+                                  low_ratio_buffers: Any = None) -> Any:
+        global _pending_sparse
+        if not _attn_metadata_covered(self, num_tokens, low_ratio_buffers):
+            return STEP_ASIDE
+        has_c4, has_c128 = 4 in self.present_ratios, 128 in self.present_ratios
+        seq_lens, page_table = self.seq_lens_casual, self.page_table
+        swa = self.swa_page_indices
+
+        def launch():
+            return build_compression_metadata(
+                seq_lens, self.raw_out_loc, page_table, swa, page_size=self.page_size,
+                index_topk=self.index_topk, has_c4=has_c4, has_c128=has_c128)
+
+        num_pages = page_table.shape[1]
+        key = (seq_lens.dtype, self.raw_out_loc.dtype, num_pages, self.page_size,
+               self.index_topk, has_c4, has_c128, swa.shape[1])
+        try:
+            out = _run(COMPRESSION, seq_lens.device, seq_lens.shape[0], num_pages, key, launch)
+        except (ValueError, TypeError) as e:
+            return _rejected(COMPRESSION, e)
+        if out is STEP_ASIDE:
+            return STEP_ASIDE
+        # Assigned only after the launch: a failure above leaves self for SGLang's own run.
+        if has_c4:
+            self.c4_out_loc = out.c4_out_loc
+            self.c4_topk_lengths_raw = out.c4_topk_lengths_raw
+            self.c4_topk_lengths_clamp1 = out.c4_topk_lengths_clamp1
+            _pending_sparse = (weakref.ref(self), out.c4_topk_lengths_clamp1,
+                               out.c4_topk_lengths_clamp1._version, self.index_topk,
+                               out.c4_sparse_topk_lengths, out.c4_sparse_page_indices)
+        if has_c128:
+            self.c128_out_loc = out.c128_out_loc
+            self.c128_topk_lengths_clamp1 = out.c128_topk_lengths_clamp1
+            self.c128_page_indices = out.c128_page_indices
+        self.swa_page_indices = out.swa_page_indices
+        return None
+
+    return GuardedHook("DSV4 compression metadata", init_compression_metadata, logger,
+                       "SGLang")
+
+
+def _take_pending_sparse(metadata: Any) -> tuple | None:
+    """The C4 sparse fields computed for ``metadata`` if they still match its inputs (the same
+    ``c4_topk_lengths_clamp1`` tensor, unmodified, and ``index_topk``); the slot is emptied."""
+    global _pending_sparse
+    pending, _pending_sparse = _pending_sparse, None
+    if pending is None:
+        return None
+    ref, clamp1, version, index_topk, lengths, indices = pending
+    if (ref() is not metadata or metadata.c4_topk_lengths_clamp1 is not clamp1
+            or clamp1._version != version or metadata.index_topk != index_topk):
+        return None
+    return lengths, indices
+
+
+def make_flashmla_related_hook(module: ModuleType) -> GuardedHook:
+    """The AROUND hook for ``DSV4AttnMetadata.init_flashmla_related``: where
+    ``init_compression_metadata``'s hook already computed the C4 sparse fields for this object
+    (decode/verify, no ratio-1/2 layers), it assigns them and creates the FlashMLA schedules as
+    SGLang's method does (``module._create_flashmla_metadata``, in the same order); otherwise
+    SGLang's method runs.
+
+    Parameters
+    ----------
+    module : module
+        ``sglang.srt.layers.attention.deepseek_v4_backend`` (its ``_create_flashmla_metadata``
+        is looked up at each call).
+    """
+
+    def init_flashmla_related(self: Any, is_prefill: bool = False,
+                              low_ratio_buffers: Any = None) -> Any:
+        # The slot is taken (emptied) on every call, used or not.
+        pending = _take_pending_sparse(self)
+        if (pending is None or is_prefill is not False or low_ratio_buffers is not None
+                or tuple(self.low_ratios) or 4 not in self.present_ratios):
+            return STEP_ASIDE
+        create = module._create_flashmla_metadata
+        self.c4_sparse_topk_lengths, self.c4_sparse_page_indices = pending
+        self.c0_flashmla_metadata = create()
+        self.c4_flashmla_metadata = create()
+        self.c128_flashmla_metadata = create() if 128 in self.present_ratios else None
+        return None
+
+    return GuardedHook("DSV4 FlashMLA metadata", init_flashmla_related, logger, "SGLang")

@@ -58,6 +58,18 @@ def _expand_hook(module: ModuleType) -> Callable:
     return make_expand_hook(module)
 
 
+def _compression_metadata_method_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.metadata import make_compression_metadata_hook
+
+    return make_compression_metadata_hook(module)
+
+
+def _flashmla_related_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.metadata import make_flashmla_related_hook
+
+    return make_flashmla_related_hook(module)
+
+
 def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
     """The maker of the hook on ``sglang.kernels.ops.layernorm.mhc.<name>``."""
 
@@ -114,6 +126,16 @@ HOOKS = (
          "sglang.srt.layers.attention.deepseek_v4_backend",
          "DeepseekV4AttnBackend.expand_extend_with_same_length",
          ("self", "bs", "qo_len", "seq_lens", "req_pool_indices"), _expand_hook),
+    # DSV4AttnMetadata's compression and FlashMLA fields in one launch (the second hook only
+    # hands over what the first computed; see integrations/sglang/metadata.py).
+    Hook("DSV4 compression metadata in one launch", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DSV4AttnMetadata.init_compression_metadata",
+         ("self", "num_tokens", "low_ratio_buffers"), _compression_metadata_method_hook),
+    Hook("DSV4 FlashMLA metadata", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DSV4AttnMetadata.init_flashmla_related",
+         ("self", "is_prefill", "low_ratio_buffers"), _flashmla_related_hook),
 )
 
 _announced = False
