@@ -19,6 +19,12 @@ source, executed here) on the shifted lengths vs one launch of ``expand_same_len
 ``expand_shift`` adds the caller's ``seq_lens + W`` on SGLang's side and the shift folded into the
 same launch on ours (what fusing the caller would save; no hook covers it). Outputs bit-identical
 before timing.
+
+``--ops compression``: SGLang's ``DSV4AttnMetadata.init_compression_metadata`` followed by
+``init_flashmla_related`` (their source, executed here on a stand-in object with C4 and C128
+layers, top-k 512, a 128-wide SWA table: its compressed-metadata kernel, three ``_pad_last_dim``
+copies, a clamp and a fill) vs one launch of ``build_compression_metadata`` (the hooked pair);
+every field compared before timing, the C128 page indices over each row's extent.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import torch
 from dsv4spec.bench import common
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file
 from dsv4spec.ops.attention_metadata import (
+    build_compression_metadata,
     build_page_table_positions,
     c128_index_extent,
     expand_same_length,
@@ -54,7 +61,8 @@ BATCHES = (1, 8, 32, 128)
 LIVE = (4096, 65536)
 QUICK_MODES = ("verify",)
 MODES = ("verify", "decode")
-TABLE_OPS = ("page_table", "c128")
+TABLE_OPS = ("page_table", "c128", "compression")
+INDEX_TOPK = 512  # DSV4's indexer top-k (index_topk)
 EXPAND_OPS = ("expand", "expand_shift")
 OPS = TABLE_OPS + EXPAND_OPS
 EXPAND_BATCHES = (1, 4, 8, 16, 32, 64, 128)
@@ -75,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", nargs="+", choices=list(OPS), default=list(OPS),
                         help="page_table and c128: the live-length-bounded builders; expand: "
                              "the verify row expansion (the hooked method); expand_shift: with "
-                             "the caller's seq_lens + W")
+                             "the caller's seq_lens + W; compression: DSV4AttnMetadata's "
+                             "init_compression_metadata + init_flashmla_related in one launch")
     parser.add_argument("--widths", type=int, nargs="+", default=[DRAFTS],
                         help="qo_len (query rows per request) of the expansion")
     parser.add_argument("--expand-batches", type=int, nargs="+", default=list(EXPAND_BATCHES),
@@ -304,12 +313,27 @@ def make_inputs(bs: int, live: int, capacity: int, mode: str, device: str = "cud
     rows = seq_lens.shape[0]
     out_loc = torch.randint(0, pool_slots, (rows,), dtype=torch.int64, device=device,
                             generator=g)
+    swa = torch.randint(-1, pool_slots, (rows, SWA_WINDOW), dtype=torch.int32, device=device,
+                        generator=g)
     return {"req_to_token": req_to_token, "req_pool": req_pool.to(torch.int64),
-            "seq_lens": seq_lens, "positions": seq_lens - 1, "out_loc": out_loc}
+            "seq_lens": seq_lens, "positions": seq_lens - 1, "out_loc": out_loc, "swa": swa}
 
 
 def providers(op: str, x: dict, capacity: int, page_mod: ModuleType, c128_mod: ModuleType,
-              page_table: torch.Tensor) -> dict:
+              page_table: torch.Tensor, attn_metadata: type | None = None) -> dict:
+    if op == "compression":
+        def sglang():
+            meta = attn_metadata(
+                page_size=PAGE_SIZE, page_table=page_table, raw_out_loc=x["out_loc"],
+                seq_lens_casual=x["seq_lens"], positions_casual=x["positions"],
+                swa_page_indices=x["swa"], index_topk=INDEX_TOPK, present_ratios=(0, 4, 128))
+            meta.init_compression_metadata()
+            meta.init_flashmla_related()
+            return tuple(getattr(meta, name) for name in COMPRESSION_FIELDS)
+
+        return {"sglang": sglang, "dsv4spec": lambda: tuple(build_compression_metadata(
+            x["seq_lens"], x["out_loc"], page_table, x["swa"], page_size=PAGE_SIZE,
+            index_topk=INDEX_TOPK))}
     if op == "page_table":
         kwargs = {"max_seq_len": capacity, "page_size": PAGE_SIZE, "swa_window": SWA_WINDOW}
         return {
@@ -405,7 +429,14 @@ def _rows_equal(ours: torch.Tensor, theirs: torch.Tensor, extent: torch.Tensor) 
 
 
 def refcheck(op: str, ours, theirs, seq_lens: torch.Tensor, capacity: int) -> None:
-    if op == "page_table":
+    if op == "compression":
+        c128 = COMPRESSION_FIELDS.index("c128_page_indices")
+        small = [(a, b) for i, (a, b) in enumerate(zip(ours, theirs)) if i != c128]
+        if not all(a.dtype == b.dtype and a.stride() == b.stride() for a, b in small):
+            raise AssertionError(f"{op}: dtypes or strides differ from SGLang's")
+        table = ours[c128], theirs[c128]
+        extent = c128_index_extent(seq_lens, table[0].shape[1])
+    elif op == "page_table":
         small = zip((ours.seq_lens_casual, ours.positions_casual, ours.swa_topk_lengths),
                     (theirs.seq_lens_casual, theirs.positions_casual, theirs.swa_topk_lengths))
         table, extent = (ours.page_table, theirs.page_table), page_table_extent(
@@ -426,6 +457,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
           f"{floor['empty_kernel_eager_us']:.2f} µs eager", flush=True)
     page_mod, c128_mod = load_sglang_metadata_kernels()
+    attn_metadata = load_sglang_attn_metadata(c128_mod) if "compression" in args.ops else None
     steps = calls_per_mtp_step()
     for s in steps:
         print(f"per MTP step, {s['phase']}: {s['calls']} call(s) of each builder; {s['source']}")
@@ -441,7 +473,7 @@ def main(args: argparse.Namespace) -> int:
                     page_size=PAGE_SIZE, swa_window=SWA_WINDOW)
                 for op in table_ops:
                     fns = providers(op, x, args.capacity, page_mod, c128_mod,
-                                    sgl_prep.page_table)
+                                    sgl_prep.page_table, attn_metadata)
                     refcheck(op, fns["dsv4spec"](), fns["sglang"](), x["seq_lens"],
                              args.capacity)
                     torch.cuda.synchronize()
