@@ -502,3 +502,163 @@ def add_attn_metadata(module: types.ModuleType) -> None:
     for name in ("init_compression_metadata", "init_flashmla_related"):
         setattr(cls, name, counted(getattr(cls, name)))
     module.DSV4AttnMetadata = cls
+
+
+# --- the multi-step DSV4 draft backend: SGLang's orchestration of the per-step metadata ---------
+
+FORWARD_BATCH_FILE = "srt/model_executor/forward_batch_info.py"
+EAGLE_UTILS_FILE = "srt/speculative/eagle_utils.py"
+CAPTURE_MODE_MOD = "sglang.srt.model_executor.runner_utils.capture_mode"
+MULTI_STEP = "DeepseekV4MultiStepBackend"
+# SGLang's own methods the draft-decode capture and replay run, per class.
+MULTI_STEP_METHODS = ("init_forward_metadata_in_graph", "init_forward_metadata_out_graph",
+                      "on_after_cuda_graph_warmup")
+STEP_METHODS = ("init_forward_metadata_in_graph", "init_forward_metadata_out_graph",
+                "init_forward_metadata_decode", "replay_cuda_graph_metadata_from",
+                "on_after_cuda_graph_warmup")
+
+
+def upstream_class_postponed(relpath: str, name: str, module: types.ModuleType) -> type:
+    """As :func:`upstream_class`, with the file's ``from __future__ import annotations`` (SGLang's
+    classes annotate with names defined later in the file)."""
+    import __future__
+
+    node = class_node(relpath, name)
+    source = textwrap.dedent(ast.get_source_segment(parse(relpath)[1], node))
+    namespace: dict = {}
+    exec(compile(source, str(sglang_file(relpath)), "exec",
+                 flags=__future__.annotations.compiler_flag, dont_inherit=True),
+         module.__dict__, namespace)
+    cls = namespace[name]
+    cls.__module__ = module.__name__
+    return cls
+
+
+def draft_backend_module() -> types.ModuleType:
+    """``deepseek_v4_backend`` whose ``DeepseekV4AttnBackend`` (a step) and
+    ``DeepseekV4MultiStepBackend`` carry SGLang's own capture/replay methods
+    (:data:`STEP_METHODS`, :data:`MULTI_STEP_METHODS`), with SGLang's own ``ForwardMode``,
+    ``_GraphBucket``, ``DSV4RawDecodeMetadata`` and ``per_step_draft_out_cache_loc``.
+
+    The raw -> full upgrade a step records, ``make_forward_metadata_from_raw_decode``, is a stand-in
+    that logs ``(step id, raw)`` in ``module.upgrades`` and returns full metadata whose tensors
+    are fresh functions of the raw buffers (DSV4 ratios: no low ratios, no request window).
+    Call after :func:`install_packages`.
+    """
+    import enum
+    import logging
+    from dataclasses import dataclass
+
+    for name in ("sglang.srt.model_executor", "sglang.srt.model_executor.runner_utils"):
+        package = types.ModuleType(name)
+        package.__path__ = []
+        add_module(name, package)
+    capture_mode = types.ModuleType(CAPTURE_MODE_MOD)
+    capture_mode.skip_low_ratio_indexer = lambda ratio: False  # no candidate variant captured
+    add_module(CAPTURE_MODE_MOD, capture_mode)
+
+    module = types.ModuleType(BACKEND_MOD)
+    module.torch, module.enum, module.dataclass = torch, enum, dataclass
+    module.logger = logging.getLogger(BACKEND_MOD)
+    module.IntEnum, module.auto = enum.IntEnum, enum.auto
+    module.ForwardMode = upstream_class(FORWARD_BATCH_FILE, "ForwardMode", module)
+    module._GraphBucket = upstream_class_postponed(BACKEND_FILE, "_GraphBucket", module)
+    raw_node = class_node(BACKEND_FILE, "DSV4RawDecodeMetadata")
+    assert [ast.unparse(d) for d in raw_node.decorator_list] == ["dataclass"]
+    module.DSV4RawDecodeMetadata = dataclass(
+        upstream_class_postponed(BACKEND_FILE, "DSV4RawDecodeMetadata", module))
+    module.per_step_draft_out_cache_loc = upstream_function(
+        EAGLE_UTILS_FILE, "per_step_draft_out_cache_loc", None, module)
+
+    class DSV4RawVerifyMetadata:  # never built in draft decode
+        pass
+
+    class DSV4AttnMetadata(types.SimpleNamespace):
+        has_c4 = has_c128 = False  # DSV4 ratios 4/128 off: the FlashMLA schedules stay one
+
+    class DSV4Metadata:
+        low_ratio_req_indices = low_ratio_pos_i64 = None
+
+        def __init__(self, core_attn_metadata) -> None:
+            self.core_attn_metadata = core_attn_metadata
+
+        @property
+        def core_metadata(self):
+            return self.core_attn_metadata
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("not reached in DSV4 draft decode")
+
+    module.DSV4RawVerifyMetadata, module.DSV4AttnMetadata = DSV4RawVerifyMetadata, DSV4AttnMetadata
+    module.DSV4Metadata = DSV4Metadata
+    module._replan_topk_in_graph = module.fill_all_compressed_indices = forbidden
+    module.token_req_indices = forbidden
+    module._create_flashmla_metadata = lambda: object()
+    module.upgrades = []
+
+    step_methods = {name: upstream_function(BACKEND_FILE, name, "DeepseekV4AttnBackend", module)
+                    for name in STEP_METHODS}
+    multi_methods = {name: upstream_function(BACKEND_FILE, name, MULTI_STEP, module)
+                     for name in MULTI_STEP_METHODS}
+
+    class Pool:
+        request_window = swa_req_ring_size = None
+
+        @staticmethod
+        def translate_loc_from_full_to_swa(loc):
+            return loc * 2 + 1
+
+    class OnlineC128:
+        def prepare_forward(self, *args, **kwargs):
+            return 0
+
+        def clear(self):
+            pass
+
+        def state_slot_offset(self):
+            return 0
+
+    class DeepseekV4AttnBackend:
+        MAX_SEQ_LEN_FOR_CAPTURE = 1 << 20
+        is_dspark_draft = needs_cpu_seq_lens = trtllm_attn = False
+
+        def __init__(self, speculative_step_id: int = 0, topk: int = 1,
+                     speculative_num_steps: int = 0) -> None:
+            self.speculative_step_id = speculative_step_id
+            self.topk = topk
+            self.speculative_num_steps = speculative_num_steps
+            self.token_to_kv_pool = Pool()
+            self.online_c128_mtp = OnlineC128()
+            self._early_verify_metadata_ids: set = set()
+            self.forward_metadata = None
+            self.tail_forward_metadata = None
+            self.cuda_graph_metadata_of_bucket_and_bs = {b: {} for b in module._GraphBucket}
+
+        def make_forward_metadata_from_raw_decode(self, raw_metadata):
+            module.upgrades.append((self.speculative_step_id, raw_metadata))
+            core = DSV4AttnMetadata(
+                low_ratios=(), swa_out_cache_loc=None,
+                page_table=raw_metadata.req_pool_indices * 1000 + raw_metadata.seq_lens,
+                raw_out_loc=raw_metadata.out_cache_loc.clone())
+            return DSV4Metadata(core)
+
+    for name, method in step_methods.items():
+        setattr(DeepseekV4AttnBackend, name, method)
+
+    class DeepseekV4MultiStepBackend(DeepseekV4AttnBackend):
+        def __init__(self, topk: int, speculative_num_steps: int) -> None:
+            super().__init__()
+            self.topk = topk
+            self.speculative_num_steps = speculative_num_steps
+            self.attn_backends = [
+                DeepseekV4AttnBackend(speculative_step_id=i, topk=topk,
+                                      speculative_num_steps=speculative_num_steps)
+                for i in range(speculative_num_steps)]
+
+    for name, method in multi_methods.items():
+        setattr(DeepseekV4MultiStepBackend, name, method)
+    for cls in (DeepseekV4AttnBackend, DeepseekV4MultiStepBackend):
+        cls.__module__, cls.__qualname__ = BACKEND_MOD, cls.__name__  # as SGLang's classes
+    module.DeepseekV4AttnBackend = DeepseekV4AttnBackend
+    module.DeepseekV4MultiStepBackend = DeepseekV4MultiStepBackend
+    return module
