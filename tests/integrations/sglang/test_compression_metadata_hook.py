@@ -18,6 +18,7 @@ from ...kernels.attention_metadata_support import (
     make_batch,
     written_mask,
 )
+from . import standins
 from .conftest import COMPRESSION_METHOD, FLASHMLA_METHOD
 
 PAGE, PAGES = 256, 160
@@ -40,12 +41,12 @@ def fill_table(monkeypatch, rows=(1, 10_000), eager=True):
 
 
 def make_metadata(sgl, seed=0, present=(0, 4, 128), **overrides):
-    x = make_batch(3, LENGTHS, CONTEXT, seed=seed)
+    x = make_batch(3, LENGTHS, CONTEXT, seed=seed, device=standins.DEVICE)
     prep = sgl.page_metadata.build_page_table_positions_triton(
         req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
         seq_lens_casual=x["seq_lens"], max_seq_len=CONTEXT, page_size=PAGE, swa_window=128)
     swa = torch.randint(-1, 1 << 20, (len(LENGTHS), 128), dtype=torch.int32,
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=torch.Generator().manual_seed(seed)).to(standins.DEVICE)
     fields = dict(page_size=PAGE, page_table=prep.page_table, raw_out_loc=x["out_loc"],
                   seq_lens_casual=prep.seq_lens_casual, positions_casual=prep.positions_casual,
                   swa_page_indices=swa, index_topk=512, present_ratios=present)
