@@ -18,6 +18,8 @@ SWITCHES = tuple(dict.fromkeys(hook.switch for hook in plugin.HOOKS))
 COMPRESSION_METHOD, FLASHMLA_METHOD = (
     next(hook.target for hook in plugin.HOOKS if hook.attr == f"DSV4AttnMetadata.{name}")
     for name in ("init_compression_metadata", "init_flashmla_related"))
+DRAFT_METADATA = next(hook.target for hook in plugin.HOOKS
+                      if hook.attr == "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph")
 MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
 METADATA_TARGETS = (PAGE_TABLE, COMPRESSED, EXPAND)
 
@@ -88,6 +90,7 @@ def sgl(monkeypatch):
             EXPAND: backend.DeepseekV4AttnBackend.expand_extend_with_same_length,
             COMPRESSION_METHOD: backend.DSV4AttnMetadata.init_compression_metadata,
             FLASHMLA_METHOD: backend.DSV4AttnMetadata.init_flashmla_related,
+            DRAFT_METADATA: backend.DeepseekV4MultiStepBackend.init_forward_metadata_in_graph,
         }
         yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
                          mhc, page_metadata, c128_metadata, backend)

@@ -478,7 +478,11 @@ def backend_module() -> types.ModuleType:
             return types.SimpleNamespace(low_ratios=(), swa_out_cache_loc=None)
 
     class DeepseekV4MultiStepBackend(DeepseekV4AttnBackend):
-        pass
+        # SGLang's own loop over the step backends (tests/integrations/sglang/
+        # test_draft_metadata.py drives it; here it only has to be there to be hooked)
+        init_forward_metadata_in_graph = counted(upstream_function(
+            BACKEND_FILE, "init_forward_metadata_in_graph", "DeepseekV4MultiStepBackend",
+            module))
 
     for cls in (DeepseekV4AttnBackend, DeepseekV4MultiStepBackend):
         cls.__module__ = BACKEND_MOD

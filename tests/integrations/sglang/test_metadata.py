@@ -23,7 +23,7 @@ from ...kernels.attention_metadata_support import (
 )
 from . import standins
 from .conftest import COMPRESSED as C128_TARGET
-from .conftest import COMPRESSION_METHOD, FLASHMLA_METHOD
+from .conftest import COMPRESSION_METHOD, DRAFT_METADATA, FLASHMLA_METHOD
 from .conftest import EXPAND as EXPAND_TARGET
 from .conftest import PAGE_TABLE as PAGE_TARGET
 from .standins import C128_METADATA_MOD as C128_MOD
@@ -108,7 +108,8 @@ def assert_compressed_result(actual, expected, seq_lens):
 
 def test_targets_and_call_chains_in_sglang_source():
     assert [hook.target for hook in METADATA_HOOKS] == [
-        PAGE_TARGET, C128_TARGET, EXPAND_TARGET, COMPRESSION_METHOD, FLASHMLA_METHOD]
+        PAGE_TARGET, C128_TARGET, EXPAND_TARGET, COMPRESSION_METHOD, FLASHMLA_METHOD,
+        DRAFT_METADATA]
     for hook, relpath in zip(METADATA_HOOKS, (PAGE_FILE, C128_FILE)):
         fn = function_node(relpath, hook.attr)
         assert tuple(a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs) == (

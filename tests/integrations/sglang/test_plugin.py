@@ -14,6 +14,7 @@ from .conftest import (
     COMPRESSED,
     COMPRESSION_METHOD,
     DRAFT,
+    DRAFT_METADATA,
     EXPAND,
     FLASHMLA_METHOD,
     MHC_POST,
@@ -25,7 +26,7 @@ from .conftest import (
 )
 
 TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED,
-           EXPAND, COMPRESSION_METHOD, FLASHMLA_METHOD)
+           EXPAND, COMPRESSION_METHOD, FLASHMLA_METHOD, DRAFT_METADATA)
 LOGGER = "dsv4spec.integrations.sglang"
 OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
@@ -39,6 +40,8 @@ OWNERS = {  # hook target -> (module, class or None for a module-level function,
     EXPAND: (standins.BACKEND_MOD, "DeepseekV4AttnBackend", "expand_extend_with_same_length"),
     COMPRESSION_METHOD: (standins.BACKEND_MOD, "DSV4AttnMetadata", "init_compression_metadata"),
     FLASHMLA_METHOD: (standins.BACKEND_MOD, "DSV4AttnMetadata", "init_flashmla_related"),
+    DRAFT_METADATA: (standins.BACKEND_MOD, "DeepseekV4MultiStepBackend",
+                     "init_forward_metadata_in_graph"),
 }
 
 
@@ -54,7 +57,7 @@ def registered(sgl):
 
 
 def test_register_installs_one_around_hook_per_target(sgl):
-    assert len(TARGETS) == len(plugin.HOOKS) == 11
+    assert len(TARGETS) == len(plugin.HOOKS) == 12
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}

@@ -70,6 +70,12 @@ def _flashmla_related_hook(module: ModuleType) -> Callable:
     return make_flashmla_related_hook(module)
 
 
+def _draft_metadata_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.draft_metadata import make_draft_metadata_hook
+
+    return make_draft_metadata_hook(module)
+
+
 def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
     """The maker of the hook on ``sglang.kernels.ops.layernorm.mhc.<name>``."""
 
@@ -136,6 +142,12 @@ HOOKS = (
          "sglang.srt.layers.attention.deepseek_v4_backend",
          "DSV4AttnMetadata.init_flashmla_related",
          ("self", "is_prefill", "low_ratio_buffers"), _flashmla_related_hook),
+    # The draft-decode graph's metadata for the draft steps that run (all but the last; see
+    # integrations/sglang/draft_metadata.py).
+    Hook("DSV4 draft-decode metadata", "DSV4SPEC_SGLANG_METADATA",
+         "sglang.srt.layers.attention.deepseek_v4_backend",
+         "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph", ("self", "forward_batch"),
+         _draft_metadata_hook),
 )
 
 _announced = False
