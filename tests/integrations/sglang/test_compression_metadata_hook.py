@@ -100,8 +100,20 @@ def test_hooks_install_on_the_class(meta):
     assert cls.init_compression_metadata.__wrapped__ is meta.originals[COMPRESSION_METHOD]
 
 
-def test_empty_shipped_table_keeps_sglang(meta, monkeypatch):
-    assert hooks.SGLANG_COMPRESSION_FASTER == {}
+def test_shipped_table_follows_the_h200_results():
+    """benchmarks/results/metadata_compression.md: in a graph ours won at 1-512 rows at width
+    4096; eager stays SGLang's (prefill and extend builds are eager)."""
+    for rows in (1, 4, 128, 512):
+        assert hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, 4096, True, (9, 0)), rows
+        assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, 4096, False, (9, 0)), rows
+    for rows, width in ((0, 4096), (513, 4096), (4, 2048), (4, 8192)):
+        assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, width, True, (9, 0))
+    for architecture in ((8, 0), (10, 0), None):
+        assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, 4, 4096, True, architecture)
+
+
+def test_empty_table_keeps_sglang(meta, monkeypatch):
+    monkeypatch.setitem(hooks.TABLES, hooks.COMPRESSION, {})
     meta.install()
     calls = counted_op(monkeypatch)
     ours, theirs = make_metadata(meta, 1)

@@ -132,9 +132,13 @@ SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, 
 SGLANG_EXPAND_FASTER: FasterTable = {(9, 0): {"graph": {4: ((1, 128),)},
                                               "eager": {4: ((1, 128),)}}}
 # DSV4AttnMetadata.init_compression_metadata + init_flashmla_related in one launch, keyed as the
-# compressed metadata (page-table width in pages, query rows). Empty until a GPU measurement
-# (``dsv4spec bench metadata --ops compression``) fills it: SGLang's methods run meanwhile.
-SGLANG_COMPRESSION_FASTER: FasterTable = {}
+# compressed metadata (page-table width in pages, query rows). Source:
+# benchmarks/results/metadata_compression.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops
+# compression --modes verify decode``): in a graph ours won at every point, 1 to 512 rows, 4K and
+# 64K live tokens, width 4096. Eager stays empty although ours won there too: eager builds
+# include prefill and extend, whose sparse-prefill readers the unwritten-tail argument in
+# dsv4spec.ops.attention_metadata does not cover, and this method cannot tell them apart.
+SGLANG_COMPRESSION_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,
