@@ -46,7 +46,10 @@ calls, which include every extend/prefill build, keep SGLang's); paths are under
   other architectures, or extend/prefill builds, all outside these calls. The sparse-prefill
   gathers (``srt/layers/attention/dsv4/sparse_prefill_utils.py``, ``ensure_compressed`` and
   ``ensure_c128``) do read every row up to the batch's longest, which is why an eager entry in
-  the plugin's tables needs those covered first.
+  the plugin's tables needs those covered first. SGLang's prefill CUDA graphs build and refresh
+  their metadata outside the capture (``srt/model_executor/runner/prefill_cuda_graph_runner.py``:
+  ``_init_forward_metadata_for_capture`` before ``capture_one``, and the replay refresh in
+  ``load_batch``), so those builds are eager calls too.
 - C128 page indices: FlashMLA's sparse decode reads them as the extra cache's indices with
   ``extra_topk_length = max(seq_len // 128, 1)``. On SM90 SGLang calls
   ``flash_mla.flash_mla_with_kvcache`` (``sgl-flash-mla==1.0.0``) with ``use_legacy=True``; that

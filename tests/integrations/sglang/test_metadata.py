@@ -453,3 +453,26 @@ def test_gpu_hooks_inside_sglang_style_cuda_graph(meta, monkeypatch):
                                c128_index_extent(seq_lens, compressed[8].shape[1]))
         assert all(torch.equal(a, b) for a, b in zip(compressed[:8], want[:8])), live
         assert torch.equal(compressed[8][written], want[8][written]), live
+
+
+def test_prefill_graphs_build_their_metadata_outside_the_capture():
+    """The tables' graph entries assume every metadata build inside a capture is a target-verify
+    or draft-decode one. SGLang's prefill CUDA graphs, whose sparse-prefill readers the
+    unwritten-tail argument does not cover, build theirs before capturing (and refresh it before
+    replaying), so those builds are eager calls, where the tables keep SGLang's builders."""
+    runner = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
+    capture = function_node(runner, "capture_one_shape", "PrefillCudaGraphRunner")
+    forward = next(n for n in ast.walk(capture)
+                   if isinstance(n, ast.FunctionDef) and n.name == "run_once")
+
+    def calls(node, attr):
+        return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr == attr]
+
+    (build,) = calls(capture, "_init_forward_metadata_for_capture")
+    (record,) = calls(capture, "capture_one")
+    assert build < record and not calls(forward, "_init_forward_metadata_for_capture")
+    assert not calls(forward, "init_forward_metadata_for_breakable_cuda_graph_capture")
+    replay = function_node(runner, "_prepare_forward_metadata_for_replay",
+                           "PrefillCudaGraphRunner")
+    assert calls(replay, "prepare_forward_metadata_for_breakable_cuda_graph_replay")
