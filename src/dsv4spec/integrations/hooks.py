@@ -145,3 +145,28 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
         if lo <= num_tokens <= hi:
             return True
     return False
+
+
+def run_where_measured_faster(key: tuple, compiled: set, capturing: bool,
+                              prefers: Callable[[bool], bool], launch: Callable[[], Any]) -> Any:
+    """``launch()`` where ``prefers(in_graph)`` gives this call to dsv4spec, else STEP_ASIDE: the
+    capture rule of the hooks with measured tables.
+
+    Inside a capture only a launch already compiled (``key`` in ``compiled``) runs: compiling
+    there would stall the capture. Eagerly, the eager table decides; a shape the graph table gives
+    to dsv4spec is also launched once where the eager table keeps the engine's (the result is
+    dropped), so it is compiled before the engine captures it.
+    """
+    if capturing:
+        if key in compiled and prefers(True):
+            return launch()
+        return STEP_ASIDE
+    if prefers(False):
+        result = launch()
+        compiled.add(key)
+        return result
+    if key not in compiled and prefers(True):
+        launch()
+        compiled.add(key)
+    return STEP_ASIDE
+

@@ -96,6 +96,7 @@ from dsv4spec.integrations.hooks import (
     GuardedHook,
     gpu_architecture,
     measured_faster,
+    run_where_measured_faster,
 )
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops.attention_metadata import (
@@ -232,32 +233,19 @@ def _capturing(index: int) -> bool:
 
 
 def _run(op: str, device: torch.device, rows: int, width: int, key: tuple, launch) -> Any:
-    """``launch()`` where the table prefers ours for this call, else STEP_ASIDE.
-
-    Eagerly, a shape the graph table gives to ours is launched once even where the eager table
-    keeps SGLang's (the result is dropped), so it is compiled before SGLang captures it.
-    """
+    """``launch()`` where the table prefers ours for this call and every configured reader of its
+    output is bounded, else STEP_ASIDE (the capture rule:
+    :func:`~dsv4spec.integrations.hooks.run_where_measured_faster`)."""
     if torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(device):
         return STEP_ASIDE
     index = device.index if device.type == "cuda" else -1
     if index is None:
         index = torch.cuda.current_device()
     architecture = gpu_architecture(index)
-    key = (op, index, *key)
-    if _capturing(index):
-        if (key in _compiled and prefers_dsv4spec(op, rows, width, True, architecture)
-                and _readers_bounded(op)):
-            return launch()
-        return STEP_ASIDE
-    if prefers_dsv4spec(op, rows, width, False, architecture) and _readers_bounded(op):
-        result = launch()
-        _compiled.add(key)
-        return result
-    if (key not in _compiled and prefers_dsv4spec(op, rows, width, True, architecture)
-            and _readers_bounded(op)):
-        launch()
-        _compiled.add(key)
-    return STEP_ASIDE
+    return run_where_measured_faster(
+        (op, index, *key), _compiled, _capturing(index),
+        lambda in_graph: (prefers_dsv4spec(op, rows, width, in_graph, architecture)
+                          and _readers_bounded(op)), launch)
 
 
 def _rejected(op: str, error: Exception) -> Any:

@@ -39,6 +39,7 @@ from dsv4spec.integrations.hooks import (
     GuardedHook,
     gpu_architecture,
     measured_faster,
+    run_where_measured_faster,
 )
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
 from dsv4spec.kernels import on_rocm, triton_runs_on
@@ -126,30 +127,17 @@ def _capturing(index: int) -> bool:
 
 
 def _run(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
-    """``launch()`` where the table prefers ours for this call, else STEP_ASIDE.
-
-    Eagerly, a shape the graph table gives to ours is launched once even where the eager table
-    keeps SGLang's (the result is dropped), so it is compiled before SGLang captures it.
-    """
+    """``launch()`` where the table prefers ours for this call, else STEP_ASIDE (the capture
+    rule: :func:`~dsv4spec.integrations.hooks.run_where_measured_faster`)."""
     if (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(residual.device)
             or sglang_deterministic()):
         return STEP_ASIDE
     index = residual.get_device()
     architecture = _architecture(index)
     T, _, H = residual.shape
-    key = (op, index, *key)
-    if _capturing(index):
-        if key in _compiled and prefers_dsv4spec(op, T, H, True, architecture):
-            return launch()
-        return STEP_ASIDE
-    if prefers_dsv4spec(op, T, H, False, architecture):
-        result = launch()
-        _compiled.add(key)
-        return result
-    if key not in _compiled and prefers_dsv4spec(op, T, H, True, architecture):
-        launch()
-        _compiled.add(key)
-    return STEP_ASIDE
+    return run_where_measured_faster(
+        (op, index, *key), _compiled, _capturing(index),
+        lambda in_graph: prefers_dsv4spec(op, T, H, in_graph, architecture), launch)
 
 
 def _rejected(op: str, error: Exception) -> Any:
