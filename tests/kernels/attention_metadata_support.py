@@ -99,3 +99,26 @@ def written_mask(shape: tuple[int, int], extent: torch.Tensor) -> torch.Tensor:
     """``[R, C]`` bool: column ``c`` of row ``r`` below ``extent[r]``."""
     columns = torch.arange(shape[1], device=extent.device)
     return columns[None, :] < extent[:, None]
+
+
+def assert_compression_fields_equal(ours, theirs, seq_lens: torch.Tensor) -> torch.Tensor | None:
+    """Every field of SGLang's compression metadata on ``theirs`` equals ``ours``'s (an object or
+    a named tuple with the same field names): dtype, shape, strides and values, the C128 page
+    indices over each row's extent. Returns that extent's mask (None without C128 indices)."""
+    from dsv4spec.bench.metadata import COMPRESSION_FIELDS
+    from dsv4spec.ops.attention_metadata import c128_index_extent
+
+    written = None
+    for name in COMPRESSION_FIELDS:
+        a, b = getattr(ours, name), getattr(theirs, name)
+        if b is None:
+            assert a is None, name
+            continue
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), name
+        if name == "c128_page_indices":
+            written = written_mask(tuple(a.shape), c128_index_extent(seq_lens, a.shape[1]))
+            assert torch.equal(a[written], b[written]), name
+        else:
+            assert torch.equal(a, b), name
+    return written
+

@@ -14,6 +14,7 @@ from dsv4spec.integrations.sglang import metadata as hooks
 from dsv4spec.ops.attention_metadata import c128_index_extent
 
 from ...kernels.attention_metadata_support import (
+    assert_compression_fields_equal,
     interpreter_loop_bounds,
     make_batch,
     written_mask,
@@ -65,18 +66,7 @@ def run_both(sgl, ours, theirs, **kwargs):
 
 
 def assert_same_fields(ours, theirs):
-    for name in COMPRESSION_FIELDS:
-        a, b = getattr(ours, name), getattr(theirs, name)
-        if b is None:
-            assert a is None, name
-            continue
-        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), name
-        if name == "c128_page_indices":
-            written = written_mask(tuple(a.shape), c128_index_extent(ours.seq_lens_casual,
-                                                                     a.shape[1]))
-            assert torch.equal(a[written], b[written]), name
-        else:
-            assert torch.equal(a, b), name
+    assert_compression_fields_equal(ours, theirs, ours.seq_lens_casual)
     for name in ("c0_flashmla_metadata", "c4_flashmla_metadata", "c128_flashmla_metadata"):
         assert (getattr(ours, name) is None) == (getattr(theirs, name) is None), name
 
