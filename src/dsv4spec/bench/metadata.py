@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import sys
 import textwrap
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import torch
@@ -135,10 +137,17 @@ BACKEND_CLASS = "DeepseekV4AttnBackend"
 EXPAND_METHOD = "expand_extend_with_same_length"
 
 
+@functools.cache
+def _parsed(path: Path) -> tuple[ast.Module, str]:
+    # deepseek_v4_backend.py is 5,000 lines; the stand-ins take several pieces of it per object
+    text = path.read_text()
+    return ast.parse(text), text
+
+
 def sglang_method_source(relpath: str, cls: str, name: str) -> tuple[str, int]:
     """The source of SGLang's method ``cls.name`` in ``relpath`` (dedented) and its first line."""
-    text = sglang_file(relpath).read_text()
-    for node in ast.parse(text).body:
+    tree, text = _parsed(sglang_file(relpath))
+    for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == name:
@@ -167,8 +176,8 @@ ATTN_METADATA_FUNCTIONS = ("_pad_last_dim", "_low_ratio_compression_metadata",
 
 def sglang_function_source(relpath: str, name: str) -> str:
     """The source of SGLang's module-level function ``name`` in ``relpath``."""
-    text = sglang_file(relpath).read_text()
-    for node in ast.parse(text).body:
+    tree, text = _parsed(sglang_file(relpath))
+    for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return ast.get_source_segment(text, node)
     raise LookupError(f"{name} not in {relpath}")
