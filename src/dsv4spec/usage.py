@@ -5,8 +5,10 @@ memory, a checkpoint's contents). The ``dsv4spec`` command reports each as one l
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use: arguments are checked before its second of import
+    import torch
 
 
 class UsageError(ValueError):
@@ -57,6 +59,8 @@ def nonempty(text: str) -> str:
 def resolve_device(name: str | None, argument: str = "--device") -> torch.device:
     """``name`` (``cpu``, ``cuda`` or ``cuda:N``; None: CUDA if available, else the CPU) as a
     device this machine has, or :class:`UsageError`."""
+    import torch
+
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

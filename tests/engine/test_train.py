@@ -1,6 +1,15 @@
 """``dsv4spec train-tiny`` end to end at a few steps: the trainer, the checkpoint it writes, and
 the model factory loading it back."""
 
+import errno
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
 import torch
 
 from dsv4spec.cli import main
@@ -28,4 +37,105 @@ def test_train_tiny_writes_a_checkpoint_the_factory_loads(tmp_path, capsys):
     loaded = build_model("tiny", out)
     trained, _ = train(steps=2, batch_size=2, seq_len=16, lr=3e-3, progress=False)
     for (name, a), b in zip(loaded.named_parameters(), trained.parameters()):
+        assert torch.equal(a, b), name
+
+
+TINY = ["train-tiny", "--steps", "3", "--batch-size", "2", "--seq-len", "16"]
+
+
+def test_an_unwritable_out_is_refused_before_torch_is_imported(tmp_path):
+    # /proc refuses new entries even to root: the folder cannot be created
+    code = ("import sys\nfrom dsv4spec.cli import main\n"
+            "rc = main(['train-tiny', '--out', '/proc/nosuch/tiny.safetensors'])\n"
+            "print(rc, 'torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stdout.split() == ["2", "False"], res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1
+    assert "argument --out: cannot write in /proc/nosuch" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("failure", ["read-only", "full disk"])
+def test_a_folder_that_cannot_take_the_checkpoint_is_refused_before_training(
+        failure, tmp_path, monkeypatch, capsys):
+    import dsv4spec.engine.train as train_module
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before refusing --out")
+
+    monkeypatch.setattr(train_module, "train", no_training)
+    if failure == "read-only":  # as root, chmod does not stop writes: fail the probe itself
+        def refuse(*args, **kwargs):
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+        expected = "Read-only file system"
+    else:
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(
+            10**9, 10**9 - 1000, 1000))
+        expected = "0.0 MB free"
+    assert main([*TINY, "--out", str(tmp_path / "tiny.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "argument --out:" in err and expected in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_written_files_take_the_umask_mode_and_leave_no_temporary_file(tmp_path, capsys):
+    out = tmp_path / "tiny.safetensors"
+    old = os.umask(0o027)
+    try:
+        assert main([*TINY, "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert stat.S_IMODE(out.with_suffix(".png").stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.png", "tiny.safetensors"]
+
+
+def test_a_file_another_run_wrote_meanwhile_is_kept(tmp_path, monkeypatch, capsys):
+    import dsv4spec.engine.train as train_module
+
+    out = tmp_path / "tiny.safetensors"
+    real = train_module.train
+
+    def train_while_another_run_finishes(*args, **kwargs):
+        result = real(*args, **kwargs)
+        out.write_bytes(b"the other run's checkpoint")
+        return result
+
+    monkeypatch.setattr(train_module, "train", train_while_another_run_finishes)
+    assert main([*TINY, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert out.read_bytes() == b"the other run's checkpoint"
+    kept = tmp_path / f"tiny.{os.getpid()}.safetensors"
+    assert f"this run's checkpoint is {kept}" in captured.err, captured.err
+    build_model("tiny", kept)
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 3])
+def test_ctrl_c_saves_the_steps_trained_or_says_nothing_was_saved(interrupt_at, tmp_path,
+                                                                  monkeypatch, capsys):
+    import dsv4spec.engine.train as train_module
+
+    calls = []
+    real = train_module.losses
+
+    def losses_until_ctrl_c(*args):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(train_module, "losses", losses_until_ctrl_c)
+    out = tmp_path / "tiny.safetensors"
+    assert main([*TINY, "--steps", "5", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    if interrupt_at == 1:
+        assert "interrupted before the first step ended; nothing was saved" in err, err
+        assert not out.exists()
+        return
+    assert "interrupted after 2 steps of 5" in err, err
+    monkeypatch.setattr(train_module, "losses", real)
+    trained, _ = train(steps=2, batch_size=2, seq_len=16, lr=3e-3, progress=False)
+    for (name, a), b in zip(build_model("tiny", out).named_parameters(), trained.parameters()):
         assert torch.equal(a, b), name

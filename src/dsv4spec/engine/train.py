@@ -47,10 +47,11 @@ def losses(model: Transformer, batch: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def train(steps: int, batch_size: int, seq_len: int, lr: float, seed: int = 0,
-          progress: bool = True, preset: str = "tiny"
+          progress: bool = True, preset: str = "tiny", stop_on_interrupt: bool = False
           ) -> tuple[Transformer, list[tuple[float, float]]]:
     """Train ``preset`` from random weights; returns the frozen model and (target, MTP) losses
-    per step."""
+    per step. ``stop_on_interrupt``: a KeyboardInterrupt ends training after the last completed
+    step and returns the model as it is then (``len(history) < steps`` tells)."""
     torch.manual_seed(seed)
     data = corpus(seed=seed)
     model = build_model(preset, seed=seed, trainable=True)
@@ -60,21 +61,36 @@ def train(steps: int, batch_size: int, seq_len: int, lr: float, seed: int = 0,
     g = torch.Generator().manual_seed(seed)
     history = []
     bar = _progress(steps) if progress else None
-    for step in range(steps):
-        starts = torch.randint(0, len(data) - seq_len - 3, (batch_size,), generator=g)
-        batch = torch.stack([data[s:s + seq_len + 2] for s in starts.tolist()])
-        target, mtp = losses(model, batch)
-        opt.zero_grad(set_to_none=True)
-        (target + 0.5 * mtp).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        history.append((target.item(), mtp.item()))
+    params = list(model.parameters())
+    try:
+        for step in range(steps):
+            starts = torch.randint(0, len(data) - seq_len - 3, (batch_size,), generator=g)
+            batch = torch.stack([data[s:s + seq_len + 2] for s in starts.tolist()])
+            target, mtp = losses(model, batch)
+            opt.zero_grad(set_to_none=True)
+            (target + 0.5 * mtp).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            # An interrupt inside opt.step() could leave some parameters stepped: keep a copy
+            # to return the weights of the last completed step.
+            before = [p.detach().clone() for p in params] if stop_on_interrupt else None
+            try:
+                opt.step()
+            except KeyboardInterrupt:
+                with torch.no_grad():
+                    for p, b in zip(params, before or []):
+                        p.copy_(b)
+                raise
+            sched.step()
+            history.append((target.item(), mtp.item()))
+            if bar is not None:
+                bar.set_postfix(target=f"{target.item():.3f}", mtp=f"{mtp.item():.3f}")
+                bar.update()
+    except KeyboardInterrupt:
+        if not stop_on_interrupt:
+            raise
+    finally:
         if bar is not None:
-            bar.set_postfix(target=f"{target.item():.3f}", mtp=f"{mtp.item():.3f}")
-            bar.update()
-    if bar is not None:
-        bar.close()
+            bar.close()
     return model.requires_grad_(False), history
 
 

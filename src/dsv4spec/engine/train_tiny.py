@@ -11,17 +11,19 @@ with the package, from a source checkout:
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from dsv4spec.engine.train import train
-from dsv4spec.model.weights import save_weights
 from dsv4spec.plot import pyplot
 from dsv4spec.usage import UsageError, int_in, positive_float
 
 DEFAULT_OUT = "dsv4spec-tiny.safetensors"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+NEEDED_BYTES = 4 * 2**20  # the tiny checkpoint (1.3 MB) and its plot (40 kB), with room to spare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Refuse (:class:`UsageError`) an ``--out`` that is a directory, or that exists with its
-    plot unless ``force``: checked before training, so a refused run writes nothing."""
+    """Refuse (:class:`UsageError`) an ``--out`` that is a directory, that exists with its plot
+    unless ``force``, or whose folder cannot be created or written (a temporary file created and
+    removed there) or lacks room for the checkpoint: checked before training, so a refused run
+    writes nothing and a run that trains can save."""
     if out.suffix == ".png":
         raise UsageError("--out", f"{out} would be overwritten by its own loss plot; use a "
                          f".safetensors path")
@@ -56,6 +60,43 @@ def check_out(out: Path, force: bool) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise UsageError("--out", f"{parent} is not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{out.name}.", suffix=".check"):
+            pass
+        free = shutil.disk_usage(parent).free
+    except OSError as e:
+        raise UsageError("--out", f"cannot write in {parent}: {e.strerror or e}") from None
+    if free < NEEDED_BYTES:
+        raise UsageError("--out", f"{parent} has {free / 1e6:.1f} MB free, the checkpoint and "
+                         f"its plot need about {NEEDED_BYTES / 1e6:.0f} MB")
+
+
+def write_replacing(path: Path, write, exclusive: bool) -> Path:
+    """``write(tmp)`` into a temporary file beside ``path``, given the mode the umask gives a new
+    file, then renamed to ``path`` (a reader never sees half a file). ``exclusive``: a ``path``
+    that appeared meanwhile (another run) is kept, and this run's file is renamed beside it
+    instead. Returns where the file went."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if not exclusive:
+            os.replace(tmp, path)
+            return path
+        try:
+            os.link(tmp, path)  # fails if path exists: no run silently replaces another's file
+            return path
+        except FileExistsError:
+            kept = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+            os.replace(tmp, kept)
+            return kept
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def plot_losses(history: list[tuple[float, float]], path: Path) -> bool:
@@ -69,25 +110,46 @@ def plot_losses(history: list[tuple[float, float]], path: Path) -> bool:
     ax.set(xlabel="step", ylabel="cross entropy, nats/byte", title="train-tiny")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
     return True
 
 
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    check_out(out, args.force)
+    check_out(out, args.force)  # before torch is imported: a refusal takes no time
+    import torch
+
+    from dsv4spec.engine.train import train
+    from dsv4spec.model.weights import save_weights
+
     torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()
-    model, history = train(args.steps, args.batch_size, args.seq_len, args.lr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_weights(model, out)
+    model, history = train(args.steps, args.batch_size, args.seq_len, args.lr,
+                           stop_on_interrupt=True)
+    done = len(history)
+    if done == 0:
+        print("dsv4spec train-tiny: interrupted before the first step ended; nothing was saved",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    wrote = write_replacing(out, lambda tmp: save_weights(model, tmp), exclusive=not args.force)
     last = history[-50:]
     target = sum(h[0] for h in last) / len(last)
     mtp = sum(h[1] for h in last) / len(last)
-    steps = f"{args.steps} step{'s' * (args.steps != 1)}"
+    steps = f"{done} step{'s' * (done != 1)}"
+    if done < args.steps:
+        print(f"dsv4spec train-tiny: interrupted after {steps} of {args.steps}; saving the "
+              f"model as trained so far", file=sys.stderr)
     print(f"trained {steps} in {time.time() - t0:.0f} s: target {target:.3f}, "
-          f"MTP {mtp:.3f} nats/byte (mean of the last {len(last)}); wrote {out} "
-          f"({out.stat().st_size / 1e6:.2f} MB)")
-    if plot_losses(history, out.with_suffix(".png")):
-        print(f"wrote {out.with_suffix('.png')}")
-    return 0
+          f"MTP {mtp:.3f} nats/byte (mean of the last {len(last)}); wrote {wrote} "
+          f"({wrote.stat().st_size / 1e6:.2f} MB)")
+    if wrote != out:
+        print(f"dsv4spec train-tiny: {out} appeared during training (another run?) and was "
+              f"kept; this run's checkpoint is {wrote}", file=sys.stderr)
+    png = wrote.with_suffix(".png")
+    plot = pyplot()
+    if plot is not None:
+        written = write_replacing(png, lambda tmp: plot_losses(history, tmp),
+                                  exclusive=not args.force)
+        print(f"wrote {written}")
+    return EXIT_INTERRUPTED if done < args.steps else 0
