@@ -98,6 +98,7 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
     run_where_measured_faster,
 )
+from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops.attention_metadata import (
     build_compression_metadata,
@@ -116,22 +117,23 @@ COMPRESSION = "init_compression_metadata"
 # Where dsv4spec's kernel beat SGLang's, per GPU architecture (compute capability) and mode
 # ("graph": device time in a CUDA graph; "eager": host wall time per back-to-back eager call),
 # keyed by the page table's width in pages (``cdiv(max_seq_len, page_size)``, 4096 at 1M tokens
-# and 256-token pages): inclusive ranges of query rows whose measured points all won.
+# and 256-token pages): inclusive ranges of query rows, read from the measured-faster tables
+# (dsv4spec.integrations.tables: the GPU's file; a width between two measured widths gets the
+# nearer smaller one's ranges). The H200's:
 # Source: benchmarks/results/metadata.md (H200, 2026-12-01, ``dsv4spec bench metadata --quick
 # --modes verify decode``): in a graph both ops won at every measured point, 1 to 512 rows
 # (verify and decode shapes, 4K and 64K live tokens) at width 4096; eager, where these calls are
 # launch-bound, they lost at every point, so eager stays empty (eager calls also include every
 # extend/prefill build, whose sparse-prefill readers the argument in
 # dsv4spec.ops.attention_metadata does not cover).
-SGLANG_PAGE_TABLE_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
-SGLANG_COMPRESSED_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
+SGLANG_PAGE_TABLE_FASTER: FasterTable = faster_table("sglang", PAGE_TABLE)
+SGLANG_COMPRESSED_FASTER: FasterTable = faster_table("sglang", COMPRESSED)
 # The row expansion, keyed by qo_len (query rows per request: speculative_num_draft_tokens in
 # target verify, the draft-extend width there), over ranges of requests (bs). Source:
 # benchmarks/results/metadata_expand.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops expand
 # expand_shift --widths 4``): at qo_len 4 ours won at every measured bs, 1 to 128, both in a graph
 # and eagerly; other widths stay SGLang's until measured.
-SGLANG_EXPAND_FASTER: FasterTable = {(9, 0): {"graph": {4: ((1, 128),)},
-                                              "eager": {4: ((1, 128),)}}}
+SGLANG_EXPAND_FASTER: FasterTable = faster_table("sglang", EXPAND)
 # DSV4AttnMetadata.init_compression_metadata + init_flashmla_related in one launch, keyed as the
 # compressed metadata (page-table width in pages, query rows). Source:
 # benchmarks/results/metadata_compression.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops
@@ -139,7 +141,7 @@ SGLANG_EXPAND_FASTER: FasterTable = {(9, 0): {"graph": {4: ((1, 128),)},
 # 64K live tokens, width 4096. Eager stays empty although ours won there too: eager builds
 # include prefill and extend, whose sparse-prefill readers the unwritten-tail argument in
 # dsv4spec.ops.attention_metadata does not cover, and this method cannot tell them apart.
-SGLANG_COMPRESSION_FASTER: FasterTable = {(9, 0): {"graph": {4096: ((1, 512),)}, "eager": {}}}
+SGLANG_COMPRESSION_FASTER: FasterTable = faster_table("sglang", COMPRESSION)
 TABLES: dict[str, FasterTable] = {
     PAGE_TABLE: SGLANG_PAGE_TABLE_FASTER,
     COMPRESSED: SGLANG_COMPRESSED_FASTER,

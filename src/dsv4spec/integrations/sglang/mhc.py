@@ -42,6 +42,7 @@ from dsv4spec.integrations.hooks import (
     run_where_measured_faster,
 )
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
+from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
@@ -53,21 +54,15 @@ HC = 4
 
 # Where dsv4spec's op beat SGLang's function, per GPU architecture (compute capability), mode
 # ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager call)
-# and hidden size H: inclusive token ranges whose measured points all won, as in
-# hc_head.TARGET_HC_HEAD_FASTER. From benchmarks/results/mhc.md (H200, 2026-12-01: SGLang
+# and hidden size H: inclusive token ranges, read from the measured-faster tables
+# (dsv4spec.integrations.tables: the GPU's file, tables/NVIDIA_H200.json on an H200, sm_90.json
+# on other sm_90 GPUs). The H200's, from benchmarks/results/mhc.md (H200, 2026-12-01: SGLang
 # 0.5.23's TileLang kernels side by side with ours at T = 1, 16, 64, 4096): in a graph ours won
 # pre and the fused boundary at T = 1 and 16 (and the boundary at 64, beyond the 32-token cap),
 # lost post at every T <= 64 and tied it at 4096; eager, ours won every op at T <= 64.
-_BOTH_WIDTHS = (4096, 7168)
-SGLANG_MHC_PRE_FASTER: FasterTable = {(9, 0): {
-    "graph": {h: ((1, 16),) for h in _BOTH_WIDTHS},
-    "eager": {h: ((1, 64),) for h in _BOTH_WIDTHS}}}
-SGLANG_MHC_POST_FASTER: FasterTable = {(9, 0): {
-    "graph": {},
-    "eager": {h: ((1, 64),) for h in _BOTH_WIDTHS}}}
-SGLANG_MHC_FUSED_POST_PRE_FASTER: FasterTable = {(9, 0): {
-    "graph": {h: ((1, 64),) for h in _BOTH_WIDTHS},
-    "eager": {h: ((1, 64),) for h in _BOTH_WIDTHS}}}
+SGLANG_MHC_PRE_FASTER: FasterTable = faster_table("sglang", "mhc_pre")
+SGLANG_MHC_POST_FASTER: FasterTable = faster_table("sglang", "mhc_post")
+SGLANG_MHC_FUSED_POST_PRE_FASTER: FasterTable = faster_table("sglang", "mhc_fused_post_pre")
 TABLES: dict[str, FasterTable] = {
     "mhc_pre": SGLANG_MHC_PRE_FASTER,
     "mhc_post": SGLANG_MHC_POST_FASTER,

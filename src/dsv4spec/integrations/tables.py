@@ -1,0 +1,345 @@
+"""Measured-faster tables as data: one JSON file per GPU, found by device name, read by every
+engine plugin through :func:`faster_table`.
+
+A hook serves dsv4spec's op only where its table says ours was measured faster on this GPU. The
+tables live in ``tables/<device>.json`` (the device name as CUDA reports it, spaces as
+underscores: ``NVIDIA_H200.json``), with one file per architecture (``sm_90.json``) for GPUs no
+file names; ``dsv4spec tune`` measures a GPU and writes its file into the user directory
+(``$DSV4SPEC_TABLES_DIR``, default ``$XDG_CACHE_HOME/dsv4spec/tables`` or
+``~/.cache/dsv4spec/tables``). For each hook, the first file of this chain that holds the hook
+decides: the user directory's device file, the packaged device file, the packaged architecture
+file. A malformed file in the chain means the engine's own code for every hook on that GPU (one
+WARNING naming the file); no file at all, the same (one WARNING).
+
+Format (``FORMAT`` 1)::
+
+    {"format": 1, "device": "NVIDIA H200", "architecture": "sm_90",
+     "measured": {"date": "2026-12-01", "dsv4spec": "0.1.0", "torch": "2.11.0",
+                  "triton": "3.6.0", "command": "...", "sources": ["benchmarks/results/..."]},
+     "engines": {"sglang": {"mhc_pre": {
+         "key": "hidden_size", "between_keys": "exact", "count": "num_tokens", "max_count": 32,
+         "graph": {"4096": [[1, 16]], "7168": [[1, 16]]},
+         "eager": {"4096": [[1, 64]], "7168": [[1, 64]]}}}}}
+
+Per engine (``sglang``, ``vllm``) and hook: per mode (``graph``: device time inside a CUDA graph;
+``eager``: host wall time per back-to-back eager call), the measured keys (a page-table width in
+pages, ``qo_len``, a hidden size ``H``) and for each key the inclusive ranges of counts (query
+rows, requests, tokens) where ours is served; a measured key where ours never won holds ``[]``.
+A key between two measured keys gets the nearer smaller one's ranges where ``between_keys`` is
+``nearer_smaller`` (widths, ``qo_len``: a wider table only costs the engine's builder more), and
+nothing where it is ``exact`` (``H``, a property of the model); a key below or above every
+measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges by the
+same rule along the counts: a winning point covers the counts up to the next measured point
+(excluded), the largest measured count only itself. ``max_count`` (optional) is a cap beyond
+which the engine's own code runs whatever was measured (the mHC hooks' 32 tokens, above which
+SGLang runs DeepGEMM's GEMM, not the kernel measured); ranges are clipped to it on loading.
+``points`` (optional) keeps what ``tune`` measured: per mode and key, ``[count, ours_us,
+engine_us]`` rows, which a later run resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dsv4spec.integrations.hooks import Architecture, Spans
+
+logger = logging.getLogger("dsv4spec.integrations")
+
+FORMAT = 1
+TABLES_DIR_ENV = "DSV4SPEC_TABLES_DIR"
+PACKAGED_DIR = Path(__file__).with_name("tables")
+MODES = ("graph", "eager")
+BETWEEN_KEYS = ("exact", "nearer_smaller")
+ENGINES = ("sglang", "vllm")
+_REQUIRED = ("format", "device", "architecture", "measured", "engines")
+_HOOK_FIELDS = {"key", "between_keys", "count", "max_count", "graph", "eager", "points",
+                "source", "note"}
+
+
+def user_dir() -> Path:
+    """Where ``dsv4spec tune`` writes and the plugins look first: ``$DSV4SPEC_TABLES_DIR``, else
+    the user's cache directory's ``dsv4spec/tables``."""
+    env = os.environ.get(TABLES_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "dsv4spec" / "tables"
+
+
+def device_file_name(device_name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"`` (the engines' convention for tuned configs)."""
+    return "_".join(device_name.split()).replace("/", "_") + ".json"
+
+
+def architecture_name(architecture: Architecture) -> str:
+    return f"sm_{architecture[0]}{architecture[1]}"
+
+
+def candidates(device_name: str | None, architecture: Architecture) -> list[Path]:
+    """The files consulted for a GPU, in order: user device file, packaged device file, packaged
+    architecture file."""
+    found = []
+    if device_name:
+        found += [user_dir() / device_file_name(device_name),
+                  PACKAGED_DIR / device_file_name(device_name)]
+    return found + [PACKAGED_DIR / f"{architecture_name(architecture)}.json"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: a file is taken whole or not at all
+
+
+def _int(value: Any, what: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def _spans(value: Any, what: str) -> Spans:
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: expected a list of [lo, hi] ranges, got {value!r}")
+    spans = []
+    for i, span in enumerate(value):
+        if not (isinstance(span, list) and len(span) == 2):
+            raise ValueError(f"{what}[{i}]: expected [lo, hi], got {span!r}")
+        lo, hi = _int(span[0], f"{what}[{i}][0]"), _int(span[1], f"{what}[{i}][1]")
+        if hi < lo or (spans and lo <= spans[-1][1]):
+            raise ValueError(f"{what}[{i}]: ranges must be ordered, disjoint, lo <= hi")
+        spans.append((lo, hi))
+    return tuple(spans)
+
+
+def validate_hook(entry: Any, what: str) -> dict[str, Any]:
+    """One hook's entry, checked; returns it with integer keys and tuple ranges."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{what}: expected an object")
+    unknown = set(entry) - _HOOK_FIELDS
+    if unknown:
+        raise ValueError(f"{what}: unknown fields {sorted(unknown)}")
+    for field in ("key", "count"):
+        if not isinstance(entry.get(field), str):
+            raise ValueError(f"{what}.{field}: expected a name")
+    if entry.get("between_keys") not in BETWEEN_KEYS:
+        raise ValueError(f"{what}.between_keys: expected one of {BETWEEN_KEYS}")
+    cap = entry.get("max_count")
+    out = {"key": entry["key"], "count": entry["count"], "between_keys": entry["between_keys"],
+           "max_count": None if cap is None else _int(cap, f"{what}.max_count")}
+    for mode in MODES:
+        keyed = entry.get(mode)
+        if not isinstance(keyed, dict):
+            raise ValueError(f"{what}.{mode}: expected an object of key -> ranges")
+        parsed = {}
+        for key, spans in keyed.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise ValueError(f"{what}.{mode}: key {key!r} is not a positive integer")
+            parsed[_int(int(key), f"{what}.{mode} key")] = _spans(spans, f"{what}.{mode}.{key}")
+        out[mode] = dict(sorted(parsed.items()))
+    if "points" in entry:
+        out["points"] = entry["points"]
+    return out
+
+
+def validate(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """A whole file's content, checked (raises ``ValueError`` naming the first fault); returns
+    ``{engine: {hook: entry}}``."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"missing fields {missing}")
+    if data["format"] != FORMAT:
+        raise ValueError(f"format {data['format']!r}, this dsv4spec reads format {FORMAT}")
+    if not isinstance(data["measured"], dict) or not isinstance(data["engines"], dict):
+        raise ValueError("measured and engines must be objects")
+    engines = {}
+    for engine, hooks in data["engines"].items():
+        if engine not in ENGINES or not isinstance(hooks, dict):
+            raise ValueError(f"engines.{engine}: expected one of {ENGINES} holding an object")
+        engines[engine] = {hook: validate_hook(entry, f"engines.{engine}.{hook}")
+                           for hook, entry in hooks.items()}
+    return engines
+
+
+def dumps(data: Any, indent: int = 0) -> str:
+    """JSON of a tables file with every list of numbers (a range, a point) and every list of
+    those on one line."""
+    pad, inner = " " * indent, " " * (indent + 1)
+
+    def flat(v: Any) -> bool:
+        return isinstance(v, list) and all(
+            isinstance(x, (int, float)) or (isinstance(x, list) and flat(x)) for x in v)
+
+    if isinstance(data, dict) and data:
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, indent + 1)}" for k, v in data.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(data, list) and data and not flat(data):
+        return "[\n" + ",\n".join(inner + dumps(v, indent + 1) for v in data) + f"\n{pad}]"
+    return json.dumps(data)
+
+
+def read_file(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``path``'s tables, validated; raises ``OSError`` or ``ValueError``."""
+    with open(path, encoding="utf-8") as f:
+        return validate(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lookup
+
+
+def spans_for(keyed: Mapping[int, Spans], key: int, between_keys: str) -> Spans:
+    """The ranges for ``key``: its own where measured; between two measured keys the nearer
+    smaller one's (``nearer_smaller``) or none (``exact``); none outside the measured keys."""
+    if key in keyed:
+        return keyed[key]
+    if between_keys != "nearer_smaller" or not keyed or not min(keyed) < key < max(keyed):
+        return ()
+    return keyed[max(k for k in keyed if k < key)]
+
+
+def served(entry: Mapping[str, Any], key: int, count: int, in_graph: bool) -> bool:
+    """Whether a validated hook entry serves ours at ``key`` and ``count`` in that mode."""
+    cap = entry.get("max_count")
+    if cap is not None and count > cap:
+        return False
+    spans = spans_for(entry["graph" if in_graph else "eager"], key, entry["between_keys"])
+    return any(lo <= count <= hi for lo, hi in spans)
+
+
+class KeyedSpans(dict):
+    """One mode of a loaded table, ``{key: ranges}``, whose ``get`` applies the file's rule for
+    a key between measured keys (what :func:`~dsv4spec.integrations.hooks.measured_faster`
+    reads)."""
+
+    def __init__(self, keyed: Mapping[int, Spans], between_keys: str) -> None:
+        super().__init__(keyed)
+        self.between_keys = between_keys
+
+    def get(self, key: Any, default: Any = ()) -> Any:
+        if key in self:
+            return self[key]
+        return spans_for(dict(self), key, self.between_keys) or default
+
+
+def _clipped(keyed: Mapping[int, Spans], cap: int | None) -> dict[int, Spans]:
+    if cap is None:
+        return dict(keyed)
+    return {k: tuple((lo, min(hi, cap)) for lo, hi in spans if lo <= cap)
+            for k, spans in keyed.items()}
+
+
+def _device_name(architecture: Architecture) -> str | None:
+    """The name of a visible CUDA device of that architecture (the current device first), or
+    None (no CUDA: the interpreter, whose tables are the architecture file)."""
+    if not torch.cuda.is_available():
+        return None
+    current = torch.cuda.current_device()
+    for index in [current, *range(torch.cuda.device_count())]:
+        if tuple(torch.cuda.get_device_capability(index)) == tuple(architecture):
+            return torch.cuda.get_device_name(index)
+    return None
+
+
+_chains: dict[tuple[str | None, Architecture], list[tuple[Path, dict]] | None] = {}
+
+
+def clear_cache() -> None:
+    """Forget the files read (tests; a process reads each once)."""
+    _chains.clear()
+
+
+def _chain(device_name: str | None, architecture: Architecture) -> list[tuple[Path, dict]]:
+    """The readable files for this GPU, in order; empty (after one WARNING) where a file of the
+    chain is malformed or none exists."""
+    cache_key = (device_name, tuple(architecture))
+    if cache_key in _chains:
+        return _chains[cache_key] or []
+    chain = []
+    for path in candidates(device_name, architecture):
+        if not path.is_file():
+            continue
+        try:
+            chain.append((path, read_file(path)))
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            logger.warning("dsv4spec: the measured-faster tables in %s are not readable (%s); "
+                           "the engine's own code runs for every table-gated hook on %s", path,
+                           e, device_name or architecture_name(architecture))
+            chain = []
+            break
+    else:
+        if not chain and device_name is not None:  # a visible GPU, not a test's architecture
+            logger.warning("dsv4spec: no measured-faster tables for %s (%s) in %s or the package; "
+                           "the engine's own code runs for every table-gated hook (`dsv4spec "
+                           "tune` measures this GPU)", device_name or "this GPU",
+                           architecture_name(architecture), user_dir())
+    _chains[cache_key] = chain
+    return chain
+
+
+def hook_entry(engine: str, hook: str, architecture: Architecture,
+               device_name: str | None = None) -> tuple[Path | None, dict | None]:
+    """The file and validated entry deciding ``engine``'s ``hook`` on a GPU of ``architecture``
+    (named ``device_name``, default: the visible CUDA device of that architecture)."""
+    name = device_name if device_name is not None else _device_name(architecture)
+    for path, engines in _chain(name, architecture):
+        entry = engines.get(engine, {}).get(hook)
+        if entry is not None:
+            return path, entry
+    return None, None
+
+
+class FileTable(dict):
+    """A ``FasterTable`` (architecture -> mode -> key -> ranges) read from the files on first
+    use of each architecture: what the plugins' ``*_FASTER`` constants are. Entries set by hand
+    (tests) win; ``sources`` says which file decided each architecture."""
+
+    def __init__(self, engine: str, hook: str) -> None:
+        super().__init__()
+        self.engine, self.hook = engine, hook
+        self.sources: dict[Architecture, Path | None] = {}
+
+    def _load(self, architecture: Any) -> dict[str, KeyedSpans] | None:
+        if not (isinstance(architecture, tuple) and len(architecture) == 2):
+            return None
+        path, entry = hook_entry(self.engine, self.hook, architecture)
+        self.sources[architecture] = path
+        if entry is None:
+            return None
+        modes = {mode: KeyedSpans(_clipped(entry[mode], entry["max_count"]),
+                                  entry["between_keys"]) for mode in MODES}
+        dict.__setitem__(self, architecture, modes)
+        return modes
+
+    def get(self, architecture: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, architecture):
+            return dict.__getitem__(self, architecture)
+        if architecture in self.sources:  # looked up before: no file holds it
+            return default
+        modes = self._load(architecture)
+        return default if modes is None else modes
+
+    def __missing__(self, architecture: Any) -> Any:
+        modes = self.get(architecture)
+        if modes is None:
+            raise KeyError(architecture)
+        return modes
+
+    def __contains__(self, architecture: object) -> bool:
+        return self.get(architecture) is not None
+
+    def reload(self) -> None:
+        """Drop what was read (after a new file was written, or :func:`clear_cache`)."""
+        dict.clear(self)
+        self.sources.clear()
+
+
+def faster_table(engine: str, hook: str) -> FileTable:
+    """``engine``'s measured-faster table for ``hook``, read from the files on first use."""
+    return FileTable(engine, hook)

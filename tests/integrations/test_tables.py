@@ -1,0 +1,254 @@
+"""The measured-faster tables read from JSON: the packaged files, the user directory, malformed
+and missing files, the lookup between measured keys, and the SGLang plugin's decisions."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from dsv4spec.integrations import tables
+from dsv4spec.integrations.sglang import hc_head, metadata, mhc
+
+H200 = "NVIDIA H200"
+SM90, SM100 = (9, 0), (10, 0)
+
+# The plugin's tables as they were written in code before they became data (mhc.py, metadata.py,
+# hc_head.py at dadaf76), and the mHC hooks' token cap: the packaged files must decide the same.
+_W = (4096, 7168)
+FORMER = {
+    "mhc_pre": ({h: ((1, 16),) for h in _W}, {h: ((1, 64),) for h in _W}, 32),
+    "mhc_post": ({}, {h: ((1, 64),) for h in _W}, None),
+    "mhc_fused_post_pre": ({h: ((1, 64),) for h in _W}, {h: ((1, 64),) for h in _W}, 32),
+    "target_hc_head": ({h: ((1, 4096),) for h in _W}, {h: ((1, 4096),) for h in _W}, None),
+    "build_page_table_positions_triton": ({4096: ((1, 512),)}, {}, None),
+    "_init_compressed_attn_metadata_triton": ({4096: ((1, 512),)}, {}, None),
+    "expand_extend_with_same_length": ({4: ((1, 128),)}, {4: ((1, 128),)}, None),
+    "init_compression_metadata": ({4096: ((1, 512),)}, {}, None),
+}
+KEYS = (1, 2, 3, 4, 5, 8, 40, 64, 511, 512, 2048, 4095, 4096, 4097, 5120, 7168, 7169, 8192,
+        16384)
+COUNTS = (*range(1, 140), 255, 256, 511, 512, 513, 1024, 4095, 4096, 4097)
+PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
+
+
+def former_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
+    graph, eager, cap = FORMER[hook]
+    if architecture != SM90 or (cap is not None and count > cap):
+        return False
+    return any(lo <= count <= hi for lo, hi in (graph if in_graph else eager).get(key, ()))
+
+
+def plugin_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
+    if hook in mhc.TABLES:
+        return mhc.prefers_dsv4spec(hook, count, key, in_graph, architecture)
+    if hook == "target_hc_head":
+        return hc_head.target_prefers_dsv4spec(count, key, in_graph, architecture)
+    return metadata.prefers_dsv4spec(hook, count, key, in_graph, architecture)
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty user directory, no file read yet, and the plugin's tables re-read on next use;
+    ``fresh(name, architecture)`` makes ``name`` the visible GPU of that architecture (and no
+    GPU of any other)."""
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path / "user"))
+
+    def reset():
+        tables.clear_cache()
+        for table in PLUGIN_TABLES:
+            table.reload()
+
+    def device(name, architecture=SM90):
+        monkeypatch.setattr(tables, "_device_name",
+                            lambda arch: name if tuple(arch) == architecture else None)
+        reset()
+
+    reset()
+    yield device
+    monkeypatch.undo()
+    reset()
+
+
+def write_user(name: str, data) -> Path:
+    path = tables.user_dir() / tables.device_file_name(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def packaged(name="NVIDIA_H200.json") -> dict:
+    return json.loads((tables.PACKAGED_DIR / name).read_text())
+
+
+def one_hook_file(hook: str, **fields) -> dict:
+    """A valid file holding one SGLang hook, the packaged H200 entry with ``fields`` replaced."""
+    data = packaged()
+    data["engines"] = {"sglang": {hook: {**data["engines"]["sglang"][hook], **fields}}}
+    return data
+
+
+def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables():
+    h200 = tables.read_file(tables.PACKAGED_DIR / "NVIDIA_H200.json")
+    sm90 = tables.read_file(tables.PACKAGED_DIR / "sm_90.json")
+    assert set(h200["sglang"]) == set(FORMER)
+    assert h200 == sm90
+    for name in ("NVIDIA_H200.json", "sm_90.json"):
+        text = (tables.PACKAGED_DIR / name).read_text()
+        assert text == tables.dumps(json.loads(text)) + "\n", f"{name}: not in dumps' layout"
+
+
+@pytest.mark.parametrize("device", [None, H200, "NVIDIA H100 80GB HBM3"],
+                         ids=["interpreter (sm_90 file)", "H200 (its file)", "H100 (sm_90 file)"])
+def test_decisions_equal_the_former_constants(fresh, device):
+    fresh(device)
+    differ = []
+    for hook in FORMER:
+        for architecture in (SM90, SM100, (8, 0), None):
+            for in_graph in (True, False):
+                for key in KEYS:
+                    for count in COUNTS:
+                        if (plugin_decides(hook, key, count, in_graph, architecture)
+                                != former_decides(hook, key, count, in_graph, architecture)):
+                            differ.append((hook, architecture, in_graph, key, count))
+    assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
+    expected = tables.PACKAGED_DIR / ("NVIDIA_H200.json" if device == H200 else "sm_90.json")
+    assert all(t.sources[SM90] == expected for t in PLUGIN_TABLES)
+    # the grid covers both answers of every hook (a grid where nothing is served proves nothing)
+    for hook in FORMER:
+        answers = {former_decides(hook, k, c, g, SM90) for k in KEYS for c in COUNTS
+                   for g in (True, False)}
+        assert answers == {True, False}, hook
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",
+    "",
+    json.dumps([1, 2]),
+    json.dumps({**packaged(), "format": 2}),
+    json.dumps({k: v for k, v in packaged().items() if k != "engines"}),
+    json.dumps(one_hook_file("mhc_post", graph={"4096": [[16, 1]]})),
+    json.dumps(one_hook_file("mhc_post", graph={"4096": [[1, 8], [4, 16]]})),
+    json.dumps(one_hook_file("mhc_post", graph={"h4096": [[1, 8]]})),
+    json.dumps(one_hook_file("mhc_post", graph={"4096": [[0, 8]]})),
+    json.dumps(one_hook_file("mhc_post", graph={"4096": [[1, True]]})),
+    json.dumps(one_hook_file("mhc_post", between_keys="linear")),
+    json.dumps(one_hook_file("mhc_post", max_count=0)),
+    json.dumps(one_hook_file("mhc_post", serves="always")),
+    json.dumps({**packaged(), "engines": {"trtllm": {}}}),
+], ids=["truncated", "empty", "a list", "format 2", "no engines", "reversed range",
+        "overlapping ranges", "key not a number", "count 0", "bool bound", "unknown rule",
+        "cap 0", "unknown field", "unknown engine"])
+def test_a_malformed_user_file_means_the_engines_path_with_one_warning(fresh, caplog, content):
+    fresh(H200)
+    path = write_user(H200, content)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for _ in range(2):
+            for hook in FORMER:
+                assert not any(plugin_decides(hook, k, c, g, SM90)
+                               for k in (4, 4096, 7168) for c in (1, 4, 16) for g in (True, False))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(path) in warnings[0].getMessage()
+    assert mhc.SGLANG_MHC_PRE_FASTER.sources[SM90] is None  # the packaged file was not used
+
+
+def test_no_file_for_the_gpu_means_the_engines_path_with_one_warning(fresh, caplog):
+    fresh("NVIDIA B200", SM100)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for hook in FORMER:
+            for key in (4, 4096, 7168):
+                assert not plugin_decides(hook, key, 1, True, SM100)
+                assert not plugin_decides(hook, key, 1, False, SM100)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "NVIDIA B200" in warnings[0] and "dsv4spec tune" in warnings[0]
+    assert plugin_decides("mhc_pre", 4096, 1, True, SM90)  # an sm_90 GPU: the sm_90 file
+
+
+def test_another_devices_user_file_is_not_read(fresh):
+    write_user("NVIDIA H100 80GB HBM3", one_hook_file("mhc_post", graph={"4096": [[1, 64]]}))
+    fresh(H200)
+    assert not plugin_decides("mhc_post", 4096, 1, True, SM90)
+    assert mhc.SGLANG_MHC_POST_FASTER.sources[SM90] == tables.PACKAGED_DIR / "NVIDIA_H200.json"
+    fresh("NVIDIA H100 80GB HBM3")
+    assert plugin_decides("mhc_post", 4096, 1, True, SM90)
+    assert plugin_decides("mhc_post", 4096, 64, True, SM90)
+    assert not plugin_decides("mhc_post", 4096, 65, True, SM90)
+
+
+def test_a_user_file_overrides_the_packaged_one_hook_by_hook(fresh):
+    path = write_user(H200, one_hook_file("mhc_post", graph={"4096": [[1, 8]], "7168": []}))
+    fresh(H200)
+    assert plugin_decides("mhc_post", 4096, 8, True, SM90)
+    assert not plugin_decides("mhc_post", 7168, 8, True, SM90)
+    assert mhc.SGLANG_MHC_POST_FASTER.sources[SM90] == path
+    # hooks the user file does not hold keep the packaged tables
+    assert plugin_decides("mhc_pre", 4096, 16, True, SM90)
+    assert mhc.SGLANG_MHC_PRE_FASTER.sources[SM90] == tables.PACKAGED_DIR / "NVIDIA_H200.json"
+
+
+def test_a_width_between_measured_widths_gets_the_nearer_smaller_ones_ranges(fresh):
+    hook = metadata.PAGE_TABLE
+    write_user(H200, one_hook_file(hook, graph={"512": [[1, 64]], "2048": [],
+                                                "4096": [[1, 8], [33, 512]]}))
+    fresh(H200)
+    decide = [(w, r) for w in (256, 511, 512, 1000, 2047, 2048, 3000, 4096, 4097, 8192)
+              for r in (1, 8, 9, 33, 64, 512, 513) if plugin_decides(hook, w, r, True, SM90)]
+    assert decide == [
+        *[(w, r) for w in (512, 1000, 2047) for r in (1, 8, 9, 33, 64)],
+        *[(4096, r) for r in (1, 8, 33, 64, 512)]]  # 2048-4095: 2048's (none); 4097+: nothing
+    assert not any(plugin_decides(hook, w, 1, False, SM90) for w in (512, 4096))
+
+
+def test_exact_keys_and_the_cap():
+    keyed = {4096: ((1, 16),), 7168: ((1, 64),)}
+    assert tables.spans_for(keyed, 4096, "exact") == ((1, 16),)
+    assert tables.spans_for(keyed, 5120, "exact") == ()
+    assert tables.spans_for(keyed, 5120, "nearer_smaller") == ((1, 16),)
+    assert tables.spans_for(keyed, 4095, "nearer_smaller") == ()
+    assert tables.spans_for(keyed, 7169, "nearer_smaller") == ()
+    assert tables.spans_for({}, 4096, "nearer_smaller") == ()
+    entry = {"between_keys": "exact", "max_count": 32, "graph": keyed, "eager": {}}
+    assert [c for c in range(1, 80) if tables.served(entry, 7168, c, True)] == list(range(1, 33))
+    assert not tables.served(entry, 7168, 1, False)
+
+
+def test_a_cap_clips_what_the_plugin_reads(fresh):
+    write_user(H200, one_hook_file("mhc_post", max_count=20, graph={"4096": [[1, 8], [30, 64]]}))
+    fresh(H200)
+    assert mhc.SGLANG_MHC_POST_FASTER[SM90]["graph"][4096] == ((1, 8),)
+    assert [c for c in range(1, 70) if plugin_decides("mhc_post", 4096, c, True, SM90)] == [
+        *range(1, 9)]
+
+
+def test_a_hand_set_entry_wins_and_reload_reads_again(fresh, monkeypatch):
+    fresh(None)
+    table = mhc.SGLANG_MHC_POST_FASTER
+    assert SM90 in table and SM100 not in table and None not in table
+    monkeypatch.setitem(table[SM90]["graph"], 4096, ((1, 2),))
+    assert plugin_decides("mhc_post", 4096, 2, True, SM90)
+    monkeypatch.setitem(table, SM100, {"graph": {4096: ((1, 4),)}, "eager": {}})
+    assert plugin_decides("mhc_post", 4096, 4, True, SM100)
+    monkeypatch.undo()
+    table.reload()
+    assert not plugin_decides("mhc_post", 4096, 2, True, SM90)
+    assert not plugin_decides("mhc_post", 4096, 4, True, SM100)
+
+
+def test_user_dir_and_file_names(monkeypatch, tmp_path):
+    monkeypatch.delenv(tables.TABLES_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tables.user_dir() == tmp_path / "dsv4spec" / "tables"
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path / "t"))
+    assert tables.user_dir() == tmp_path / "t"
+    assert tables.device_file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3.json"
+    assert tables.architecture_name((10, 0)) == "sm_100"
+    assert [p.name for p in tables.candidates(H200, SM90)] == [
+        "NVIDIA_H200.json", "NVIDIA_H200.json", "sm_90.json"]
+    assert tables.candidates(H200, SM90)[0].parent == tmp_path / "t"
+
+
+def test_the_format_holds_another_engine():
+    data = packaged()
+    data["engines"]["vllm"] = {"mhc_pre": data["engines"]["sglang"]["mhc_pre"]}
+    read = tables.validate(json.loads(tables.dumps(data)))
+    assert read["vllm"]["mhc_pre"] == read["sglang"]["mhc_pre"]
