@@ -15,7 +15,7 @@ from dsv4spec.usage import UsageError
 # imported (all of a table's modules for --help).
 # command -> module
 COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
-            "train-tiny": "dsv4spec.engine.train_tiny"}
+            "train-tiny": "dsv4spec.engine.train_tiny", "tune": "dsv4spec.bench.tune"}
 # bench name -> module under dsv4spec.bench
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc",

@@ -1,0 +1,479 @@
+"""``dsv4spec tune``: measure where each table-gated hook's op beats SGLang's own on this GPU and
+write the GPU's measured-faster tables, the file the plugins prefer over the packaged ones.
+
+Method: for every hook and grid point, the benchmarks' own inputs and providers (``bench mhc``,
+``bench hc-head``, ``bench metadata``: SGLang's kernels from its own files beside dsv4spec's ops),
+both outputs checked against each other or the reference before anything is timed; device time
+per call replayed from a CUDA graph, and host wall time per back-to-back eager call, both
+providers side by side. Ours is served at a point in a mode where it was faster there (for the
+metadata builders: at every shape measured for that row count, decode and verify, a short and a
+half-full context). Counts are measured on a coarse grid, then bisected wherever the winner
+changes between neighbours, so the table is dense only where it needs to be; a winning point
+covers the counts up to the next measured one, the largest only itself, and keys between
+measured keys follow the file's rule (:mod:`dsv4spec.integrations.tables`).
+
+Writes ``<device>.json`` into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or the user cache
+directory). Every point is saved as it is measured (``<device>.json.partial``): an interrupted
+run resumes there with its points kept. A file that already holds a hook being tuned is not
+replaced without ``--force`` (its other hooks are always kept). Needs a CUDA GPU and SGLang's
+source (an installed ``sglang`` or ``DSV4SPEC_SGLANG_ROOT``; the mHC hooks' peers also need
+TileLang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from dsv4spec import __version__
+from dsv4spec.integrations import tables
+from dsv4spec.integrations.hooks import Spans
+from dsv4spec.integrations.sglang import metadata as metadata_hooks
+
+ENGINE = "sglang"
+EXIT_USAGE = 2
+PAGE_TABLE, COMPRESSED = metadata_hooks.PAGE_TABLE, metadata_hooks.COMPRESSED
+EXPAND, COMPRESSION = metadata_hooks.EXPAND, metadata_hooks.COMPRESSION
+
+
+def _pow2(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(1 << i for i in range(lo.bit_length() - 1, hi.bit_length()))
+
+
+_CAP_NOTE = ("max_count 32: above it SGLang's mhc_pre and mhc_fused_post_pre run DeepGEMM's "
+             "tf32 GEMM where installed, which tune does not measure")
+_METADATA_NOTE = ("eager stays the engine's: eager builds include extend and prefill, whose "
+                  "sparse-prefill readers the unwritten-tail argument of "
+                  "dsv4spec.ops.attention_metadata does not cover")
+# SGLang's largest decode CUDA-graph batch (arg_groups/memory_hook.py: 512 on an H200 or B200 at
+# tp >= 4); the verify graph holds bs * qo_len rows (qo_len 4 in bench metadata's verify shape).
+MAX_BS = 512
+MAX_ROWS = MAX_BS * 4
+WIDTHS = _pow2(64, 8192)  # 16K to 2M tokens at 256-token pages; 1M at 64/128/256: 16K/8K/4K
+HIDDEN = (4096, 7168)  # DSV4-Flash, DSV4-Pro
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What ``tune`` measures for one hook: its table's key and count, the coarse points (full
+    and ``--quick``), the modes it may serve ours in, a cap, seconds per point (estimate)."""
+
+    hook: str
+    group: str
+    key: str
+    count: str
+    between_keys: str
+    keys: tuple[int, ...]
+    counts: tuple[int, ...]
+    quick_keys: tuple[int, ...]
+    quick_counts: tuple[int, ...]
+    modes: tuple[str, ...] = tables.MODES
+    max_count: int | None = None
+    note: str | None = None
+    seconds: float = 1.2
+    quick_seconds: float = 0.4
+
+    def points(self, quick: bool) -> list[tuple[int, int]]:
+        keys, counts = (self.quick_keys, self.quick_counts) if quick else (self.keys,
+                                                                             self.counts)
+        return [(k, c) for k in keys for c in counts
+                if self.max_count is None or c <= self.max_count]
+
+
+def _mhc(hook: str, counts: tuple[int, ...], cap: int | None) -> Grid:
+    return Grid(hook, "mhc", "hidden_size", "num_tokens", "exact", HIDDEN, counts, (7168,),
+                (1, 16), max_count=cap, note=_CAP_NOTE if cap else None)
+
+
+def _metadata(hook: str) -> Grid:
+    return Grid(hook, "metadata", "page_table_width", "query_rows", "nearer_smaller", WIDTHS,
+                (1, 4, 16, 64, 256, 1024, MAX_ROWS), (4096,), (4, 64), modes=("graph",),
+                note=_METADATA_NOTE, seconds=2.4, quick_seconds=0.3)
+
+
+GRIDS: dict[str, Grid] = {g.hook: g for g in (
+    _mhc("mhc_pre", (1, 2, 4, 8, 16, 32), 32),
+    _mhc("mhc_post", (1, 4, 16, 64, 256, 1024, 4096, 16384), None),
+    _mhc("mhc_fused_post_pre", (1, 2, 4, 8, 16, 32), 32),
+    Grid("target_hc_head", "hc_head", "hidden_size", "num_tokens", "exact", HIDDEN,
+         (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64)),
+    _metadata(PAGE_TABLE),
+    _metadata(COMPRESSED),
+    _metadata(COMPRESSION),
+    Grid(EXPAND, "expand", "qo_len", "requests", "nearer_smaller", tuple(range(2, 9)),
+         (1, 4, 16, 64, 256, MAX_BS), (4,), (1, 32)),
+)}
+MAX_REFINE = 3  # bisections between two neighbours whose winners differ
+COMPILE_SECONDS = {"mhc": 25.0, "hc_head": 4.0, "metadata": 3.0, "expand": 2.0}  # per key
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hooks", nargs="+", choices=list(GRIDS), default=list(GRIDS),
+                        help="hooks to tune (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few points per hook and short timing (a smoke run: its file "
+                             "covers little, so it is best written to a --out-dir of its own)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the hooks being tuned in an existing file")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="where the file goes (default: $DSV4SPEC_TABLES_DIR, else "
+                             "~/.cache/dsv4spec/tables)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print what would be measured and the time estimate, then exit "
+                             "(no GPU needed)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid, the estimate, the spans
+
+
+def plan(hooks: list[str], quick: bool) -> tuple[list[str], float]:
+    """One line per hook (keys, counts, modes, points) and the estimated seconds in all."""
+    lines, total = [], 0.0
+    for hook in hooks:
+        g = GRIDS[hook]
+        points = g.points(quick)
+        keys = sorted({k for k, _ in points})
+        counts = sorted({c for _, c in points})
+        per_point = g.quick_seconds if quick else g.seconds
+        # refinement: about one bisection chain per key where the winner changes
+        refine = 0 if quick else len(keys) * MAX_REFINE
+        seconds = (len(points) + refine) * per_point + len(keys) * COMPILE_SECONDS[g.group]
+        total += seconds
+        lines.append(f"{hook}: {g.key} {_ranges(keys)} x {g.count} {_ranges(counts)}"
+                     + ("" if quick else " (+ bisections where the winner changes)")
+                     + f", {'/'.join(g.modes)}; {len(points)} points, ~{seconds / 60:.1f} min")
+    return lines, total
+
+
+def _ranges(values: list[int]) -> str:
+    return "{" + ", ".join(map(str, values)) + "}" if len(values) <= 8 else (
+        f"{{{values[0]}, {values[1]}, ..., {values[-1]}}} ({len(values)})")
+
+
+def spans_from_points(points: dict[int, bool]) -> Spans:
+    """Inclusive count ranges served by ours from measured ``{count: ours_won}``: a winning point
+    covers the counts up to the next measured point, the largest measured point only itself."""
+    counts = sorted(points)
+    spans: list[tuple[int, int]] = []
+    for i, c in enumerate(counts):
+        if not points[c]:
+            continue
+        hi = counts[i + 1] - 1 if i + 1 < len(counts) else c
+        if spans and spans[-1][1] == c - 1:
+            spans[-1] = (spans[-1][0], hi)
+        else:
+            spans.append((c, hi))
+    return tuple(spans)
+
+
+def bisections(won: dict[int, tuple[bool, ...]], depth: dict[int, int]) -> list[int]:
+    """Counts to measure next: the geometric middle of each pair of neighbours whose winners
+    differ in some mode, until they are adjacent or ``MAX_REFINE`` bisections deep."""
+    counts = sorted(won)
+    todo = []
+    for a, b in zip(counts, counts[1:]):
+        if won[a] != won[b] and b - a > 1 and max(depth.get(a, 0), depth.get(b, 0)) < MAX_REFINE:
+            mid = min(max(round(math.sqrt(a * b)), a + 1), b - 1)
+            todo.append(mid)
+            depth[mid] = max(depth.get(a, 0), depth.get(b, 0)) + 1
+    return todo
+
+
+def _won(result: dict, mode: str) -> bool:
+    ours, engine = result[mode]
+    return ours < engine
+
+
+def entry_from_points(g: Grid, points: dict[int, dict[int, dict]]) -> dict:
+    """A hook's table entry from ``{key: {count: {mode: [ours_us, engine_us]}}}``."""
+    entry = {"key": g.key, "between_keys": g.between_keys, "count": g.count,
+             "max_count": g.max_count}
+    for mode in tables.MODES:
+        entry[mode] = {str(k): [list(s) for s in spans_from_points(
+            {c: _won(r, mode) for c, r in sorted(by_count.items())})]
+            for k, by_count in sorted(points.items())} if mode in g.modes else {}
+    entry["points"] = {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
+                              for k, by_count in sorted(points.items())} for mode in g.modes}
+    if g.note:
+        entry["note"] = g.note
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring: the benchmarks' inputs, providers and checks
+
+
+def _graph_and_eager(fns: dict, modes: tuple[str, ...], quick: bool) -> dict:
+    """``{mode: [ours_us, engine_us]}`` of the two providers ``{"ours": f, "engine": g}``."""
+    from dsv4spec.bench import common
+
+    out = {}
+    if "graph" in modes:
+        out["graph"] = [common.time_in_graph(fns[p], rep_ms=10 if quick else 30)["median_us"]
+                        for p in ("ours", "engine")]
+    if "eager" in modes:
+        eager = common.time_eager_side_by_side(fns, repeats=5 if quick else 15)
+        out["eager"] = [eager[p]["median_us"] for p in ("ours", "engine")]
+    return out
+
+
+def _worst(results: list[dict], modes: tuple[str, ...]) -> dict:
+    """Across the shapes of one point, per mode, the one least favourable to ours."""
+    return {m: max((r[m] for r in results), key=lambda oe: oe[0] / oe[1]) for m in modes}
+
+
+class Measure:
+    """Loads each peer once; ``point(grid, key, count, quick)`` -> ``{mode: [ours, engine]}``."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, object] = {}
+
+    def prepare(self, groups) -> None:
+        """Load every peer the groups need now, so a missing one fails before any timing."""
+        for group in groups:
+            self._peer(group)
+
+    def _peer(self, group: str):
+        if group in self._loaded:
+            return self._loaded[group]
+        if group == "mhc":
+            from dsv4spec.bench import mhc, sglang_mhc
+
+            peer = sglang_mhc.load_sglang_mhc()
+            value = (peer, mhc.ours_functions())
+        elif group == "hc_head":
+            from dsv4spec.integrations.sglang.source import load_sglang_module
+
+            value = load_sglang_module("kernels/ops/layernorm/mhc_head.py")
+        elif group == "metadata":
+            from dsv4spec.bench import metadata
+
+            page_mod, c128_mod = metadata.load_sglang_metadata_kernels()
+            value = (page_mod, c128_mod, metadata.load_sglang_attn_metadata(c128_mod))
+        else:
+            from dsv4spec.bench import metadata
+
+            value = metadata.load_sglang_expand()
+        self._loaded[group] = value
+        return value
+
+    def point(self, g: Grid, key: int, count: int, quick: bool) -> dict:
+        result = getattr(self, f"_{g.group}")(g, key, count, quick)
+        torch.cuda.empty_cache()
+        return result
+
+    def _mhc(self, g: Grid, H: int, T: int, quick: bool) -> dict:
+        from dsv4spec.bench import mhc
+
+        peer, ours = self._peer("mhc")
+        op = {"mhc_pre": "pre", "mhc_post": "post", "mhc_fused_post_pre": "post_pre"}[g.hook]
+        inp = mhc.make_inputs(T, H, seed=1000 * H + T)
+        ref = mhc.canonical(op, mhc.torch_provider(op, inp, True)(), T, H)
+        fns = {"ours": mhc.ours_provider(ours[op], op, inp, True),
+               "engine": mhc.sglang_provider(peer, op, inp, True)}
+        for name, fn in fns.items():
+            fn()
+            mhc.check(name, mhc.max_errors(mhc.canonical(op, fn(), T, H), ref))
+        torch.cuda.synchronize()
+        return _graph_and_eager(fns, g.modes, quick)
+
+    def _hc_head(self, g: Grid, H: int, T: int, quick: bool) -> dict:
+        from dsv4spec.bench import hc_head
+
+        peer = self._peer("hc_head")
+        inputs = hc_head.make_inputs(T, H, seed=T)
+        fns = {}
+        for name, provider in (("ours", "triton"), ("engine", "sglang")):
+            fn, ref = hc_head.setup(provider, inputs, peer)
+            fn()
+            hc_head.refcheck(provider, fn(), ref)
+            fns[name] = fn
+        torch.cuda.synchronize()
+        return _graph_and_eager(fns, g.modes, quick)
+
+    def _metadata(self, g: Grid, width: int, rows: int, quick: bool) -> dict:
+        from dsv4spec.bench import metadata
+
+        page_mod, c128_mod, attn_metadata = self._peer("metadata")
+        op = {PAGE_TABLE: "page_table", COMPRESSED: "c128", COMPRESSION: "compression"}[g.hook]
+        capacity = width * metadata.PAGE_SIZE
+        shapes = [("verify", rows // metadata.DRAFTS)] if rows % metadata.DRAFTS == 0 else []
+        if rows <= MAX_BS and not (quick and shapes):
+            shapes.append(("decode", rows))
+        lives = (capacity // 16,) if quick else (capacity // 16, capacity // 2)
+        results = []
+        for mode, bs in shapes:
+            for live in lives:
+                x = metadata.make_inputs(bs, live, capacity, mode, seed=bs + live)
+                prep = page_mod.build_page_table_positions_triton(
+                    req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
+                    seq_lens_casual=x["seq_lens"], max_seq_len=capacity,
+                    page_size=metadata.PAGE_SIZE, swa_window=metadata.SWA_WINDOW)
+                fns = metadata.providers(op, x, capacity, page_mod, c128_mod, prep.page_table,
+                                         attn_metadata)
+                metadata.refcheck(op, fns["dsv4spec"](), fns["sglang"](), x["seq_lens"],
+                                  capacity)
+                torch.cuda.synchronize()
+                results.append(_graph_and_eager(
+                    {"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes, quick))
+                del x, prep, fns
+        return _worst(results, g.modes)
+
+    def _expand(self, g: Grid, qo_len: int, bs: int, quick: bool) -> dict:
+        from dsv4spec.bench import metadata
+
+        method = self._peer("expand")
+        x = metadata.expand_inputs(bs, qo_len, seed=bs + qo_len)
+        fns = metadata.expand_providers("expand", x, bs, qo_len, method)
+        metadata.expand_refcheck("expand", fns["dsv4spec"](), fns["sglang"]())
+        torch.cuda.synchronize()
+        return _graph_and_eager({"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes,
+                                quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: refuse, plan, resume, measure, write
+
+
+def environment() -> dict:
+    """What a file's points were measured with; a partial run resumes only on the same."""
+    return {"device": torch.cuda.get_device_name(), "dsv4spec": __version__,
+            "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": str(torch.version.cuda)}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tables.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _sglang_version() -> str:
+    try:
+        from dsv4spec.bench.sglang_mhc import sglang_version
+
+        return str(sglang_version())
+    except Exception:  # noqa: BLE001 - a label only
+        return "unknown"
+
+
+def main(args: argparse.Namespace) -> int:
+    hooks = list(dict.fromkeys(args.hooks))
+    lines, seconds = plan(hooks, args.quick)
+    if args.plan:
+        print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min on an H200 (estimate)")
+        return 0
+    if not torch.cuda.is_available():
+        print("dsv4spec tune: error: needs a CUDA GPU (none visible); nothing was written",
+              file=sys.stderr)
+        return EXIT_USAGE
+    env = environment()
+    out_dir = args.out_dir if args.out_dir is not None else tables.user_dir()
+    path = out_dir / tables.device_file_name(env["device"])
+    partial = path.with_name(path.name + ".partial")
+    existing = None
+    if path.is_file():
+        try:
+            existing = json.loads(path.read_text())
+            tables.validate(existing)
+        except (OSError, ValueError) as e:
+            if not args.force:
+                print(f"dsv4spec tune: error: {path} is not a readable tables file ({e}); "
+                      "--force replaces it; nothing was written", file=sys.stderr)
+                return EXIT_USAGE
+            existing = None
+    held = sorted(set(hooks) & set((existing or {}).get("engines", {}).get(ENGINE, {})))
+    if held and not args.force:
+        print(f"dsv4spec tune: error: {path} already holds {', '.join(held)}; --force measures "
+              "them again (its other hooks are kept); nothing was written", file=sys.stderr)
+        return EXIT_USAGE
+    state = {"environment": env, "quick": args.quick, "points": {}}
+    if partial.is_file():
+        try:
+            saved = json.loads(partial.read_text())
+            if saved.get("environment") == env and saved.get("quick") == args.quick:
+                state = saved
+            else:
+                print(f"{partial}: measured with another setup ({saved.get('environment')}, "
+                      f"quick={saved.get('quick')}); starting over")
+        except (OSError, ValueError) as e:
+            print(f"{partial}: not readable ({e}); starting over")
+    kept = sum(len(c) for h in hooks for c in state["points"].get(h, {}).values())
+    print(f"dsv4spec tune on {env['device']} (torch {env['torch']}, Triton {env['triton']}): "
+          f"{'quick' if args.quick else 'full'} grid, writing {path}")
+    print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min (estimate on an H200)"
+          + (f"; resuming with {kept} points already measured in {partial}" if kept else ""))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measure = Measure()
+    measure.prepare(dict.fromkeys(GRIDS[h].group for h in hooks))
+    start, done = time.perf_counter(), 0
+    total = sum(len(GRIDS[h].points(args.quick)) for h in hooks)
+    for hook in hooks:
+        g = GRIDS[hook]
+        measured = state["points"].setdefault(hook, {})
+        for key in sorted({k for k, _ in g.points(args.quick)}):
+            by_count = measured.setdefault(str(key), {})
+            todo = [c for k, c in g.points(args.quick) if k == key]
+            depth: dict[int, int] = {}
+            while todo:
+                for count in todo:
+                    done += 1
+                    if str(count) in by_count:
+                        continue
+                    by_count[str(count)] = measure.point(g, key, count, args.quick)
+                    _write_json(partial, state)
+                    r = by_count[str(count)]
+                    elapsed = time.perf_counter() - start
+                    print(f"[{done}/{total}+] {hook} {g.key}={key} {g.count}={count}: "
+                          + ", ".join(f"{m} ours {r[m][0]:.2f} / SGLang {r[m][1]:.2f} us "
+                                      f"({'ours' if _won(r, m) else 'SGLang'})" for m in g.modes)
+                          + f"  [{elapsed:.0f} s]", flush=True)
+                won = {int(c): tuple(_won(r, m) for m in g.modes) for c, r in by_count.items()}
+                todo = [] if args.quick else [
+                    c for c in bisections(won, depth)
+                    if g.max_count is None or c <= g.max_count]
+                total += len(todo)
+    data = existing or {"format": tables.FORMAT, "engines": {}}
+    data.update(format=tables.FORMAT, device=env["device"],
+                architecture=tables.architecture_name(torch.cuda.get_device_capability()))
+    data["measured"] = {
+        "date": datetime.date.today().isoformat(), **{k: env[k] for k in (
+            "dsv4spec", "torch", "triton", "cuda")}, "sglang": _sglang_version(),
+        "command": "dsv4spec tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"]
+                                               else sys.argv[1:]),
+        "quick": args.quick}
+    engine = data["engines"].setdefault(ENGINE, {})
+    for hook in hooks:
+        engine[hook] = entry_from_points(GRIDS[hook], {
+            int(k): {int(c): r for c, r in by_count.items()}
+            for k, by_count in state["points"][hook].items()})
+    tables.validate(data)
+    _write_json(path, data)
+    partial.unlink(missing_ok=True)
+    for hook in hooks:
+        entry = engine[hook]
+        served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
+                  for m in GRIDS[hook].modes}
+        print(f"{hook}: ours served at " + ", ".join(
+            f"{m} {_describe(entry[m])}" for m in GRIDS[hook].modes) + (
+            "" if any(served.values()) else " (nowhere: SGLang's own runs)"))
+    print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
+          "next start")
+    return 0
+
+
+def _describe(keyed: dict) -> str:
+    parts = [f"{k}: " + (" ".join(f"{lo}-{hi}" for lo, hi in spans) or "-")
+             for k, spans in keyed.items()]
+    return "{" + "; ".join(parts) + "}"
