@@ -1,0 +1,225 @@
+"""``dsv4spec tune``: the grid, the ranges written from measured points, the refusal without
+CUDA, resume / --force on a stand-in measurer (CPU), and the real run on a GPU."""
+
+import json
+
+import pytest
+import torch
+
+from dsv4spec import cli
+from dsv4spec.bench import tune
+from dsv4spec.integrations import tables
+from dsv4spec.integrations.sglang import hc_head, metadata, mhc
+
+PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
+DEVICE = "NVIDIA Test GPU"
+
+
+def test_spans_cover_up_to_the_next_measured_point_never_beyond_the_last():
+    assert tune.spans_from_points({1: True, 4: True, 16: False, 64: True}) == ((1, 15), (64, 64))
+    assert tune.spans_from_points({1: False, 4: True, 16: True}) == ((4, 16),)
+    assert tune.spans_from_points({2: True}) == ((2, 2),)
+    assert tune.spans_from_points({1: False, 8: False}) == ()
+    assert tune.spans_from_points({}) == ()
+
+
+def test_bisection_refines_only_where_the_winner_changes():
+    won = {1: (True,), 16: (True,), 64: (False,), 256: (False,)}
+    depth = {}
+    assert tune.bisections(won, depth) == [32]
+    won[32] = (True,)
+    assert tune.bisections(won, depth) == [45]
+    won[45] = (False,)
+    assert tune.bisections(won, depth) == [38]
+    won[38] = (True,)
+    assert tune.bisections(won, depth) == []  # three bisections deep
+    assert tune.bisections({4: (True, False), 5: (False, False)}, {}) == []  # adjacent
+    assert tune.bisections({4: (True, True), 8: (True, False)}, {}) == [6]  # eager flips
+
+
+def test_the_grid_spans_what_a_deployment_reaches():
+    g = tune.GRIDS
+    assert set(g) == {*mhc.TABLES, *metadata.TABLES, "target_hc_head"}
+    shipped = tables.read_file(tables.PACKAGED_DIR / "NVIDIA_H200.json")["sglang"]
+    for hook, grid in g.items():  # tune writes the keys, rules and caps the packaged file has
+        entry = shipped[hook]
+        assert (grid.key, grid.count, grid.between_keys, grid.max_count) == (
+            entry["key"], entry["count"], entry["between_keys"], entry["max_count"]), hook
+        assert not any(s for m in tables.MODES if m not in grid.modes
+                       for s in entry[m].values()), hook
+    widths = g[metadata.PAGE_TABLE].keys
+    assert min(widths) == 64 and max(widths) == 8192
+    assert {512, 2048, 4096, 8192} <= set(widths)  # 128K/256, 128K/64, 1M/256, 1M/128 or 2M/256
+    assert g[metadata.EXPAND].keys == tuple(range(2, 9))
+    assert max(g[metadata.EXPAND].counts) == tune.MAX_BS == 512
+    assert max(g[metadata.PAGE_TABLE].counts) == tune.MAX_BS * 4
+    for hook in mhc.TABLES:
+        assert g[hook].keys == (4096, 7168)
+        assert g[hook].max_count == mhc.MEASURED_MAX_TOKENS[hook]
+        assert all(c <= (g[hook].max_count or c) for _, c in g[hook].points(False))
+    for hook in (metadata.PAGE_TABLE, metadata.COMPRESSED, metadata.COMPRESSION):
+        assert g[hook].modes == ("graph",)  # eager builds include prefill: never ours
+    lines, quick = tune.plan(list(g), quick=True)
+    assert len(lines) == len(g) and quick < 150
+    _, full = tune.plan(list(g), quick=False)
+    assert full > 5 * quick
+
+
+def test_written_entries_serve_ours_exactly_at_the_points_it_won():
+    g = tune.GRIDS["mhc_post"]
+    points = {4096: {1: {"graph": [1.0, 2.0], "eager": [5.0, 4.0]},
+                     16: {"graph": [1.0, 2.0], "eager": [3.0, 4.0]},
+                     64: {"graph": [3.0, 2.0], "eager": [3.0, 4.0]}},
+              7168: {1: {"graph": [2.0, 2.0], "eager": [1.0, 4.0]}}}
+    entry = tune.entry_from_points(g, points)
+    read = tables.validate_hook(json.loads(tables.dumps(entry)), "entry")
+    for key, by_count in points.items():
+        for count, result in by_count.items():
+            for mode in ("graph", "eager"):
+                ours, engine = result[mode]
+                assert tables.served(read, key, count, mode == "graph") == (ours < engine)
+    assert read["graph"] == {4096: ((1, 63),), 7168: ()}  # 7168: a tie is SGLang's
+    assert read["eager"] == {4096: ((16, 64),), 7168: ((1, 1),)}
+    assert read["points"]["graph"]["4096"][0] == [1, 1.0, 2.0]
+
+
+def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "tables"
+    assert cli.main(["tune", "--quick", "--out-dir", str(out)]) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "needs a CUDA GPU" in captured.err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+class FakeMeasure:
+    """Stands in for the GPU: ours wins in a graph below 20 counts, eagerly never; raises
+    ``KeyboardInterrupt`` at call number ``stop_at`` (an interrupted run)."""
+
+    calls: list = []
+    stop_at: int | None = None
+
+    def prepare(self, groups):
+        pass
+
+    def point(self, g, key, count, quick):
+        if FakeMeasure.stop_at is not None and len(FakeMeasure.calls) == FakeMeasure.stop_at:
+            raise KeyboardInterrupt
+        FakeMeasure.calls.append((g.hook, key, count))
+        return {m: ([1.0, 2.0] if count < 20 else [3.0, 2.0]) if m == "graph" else [3.0, 2.0]
+                for m in g.modes}
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(tune, "environment", lambda: {
+        "device": DEVICE, "dsv4spec": "0", "torch": "t", "triton": "3", "cuda": "13"})
+    monkeypatch.setattr(tune, "Measure", FakeMeasure)
+    monkeypatch.setattr(tune, "_sglang_version", lambda: "0.5.23")
+    FakeMeasure.calls, FakeMeasure.stop_at = [], None
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path))
+    yield tmp_path / tables.device_file_name(DEVICE)
+    tables.clear_cache()
+    for table in PLUGIN_TABLES:
+        table.reload()
+
+
+def test_an_interrupted_run_resumes_and_the_plugins_read_its_file(fake_gpu, monkeypatch):
+    path, args = fake_gpu, ["tune", "--hooks", "mhc_post", metadata.EXPAND]
+    FakeMeasure.stop_at = 5
+    with pytest.raises(KeyboardInterrupt):
+        tune.main(cli.build_parser(args).parse_args(args))
+    assert not path.exists()
+    first = list(FakeMeasure.calls)
+    FakeMeasure.stop_at = None
+    assert cli.main(args) == 0
+    assert len(FakeMeasure.calls) > len(first) and FakeMeasure.calls[:5] == first
+    again = FakeMeasure.calls[5:]
+    assert not set(first) & set(again), "measured points kept, not measured again"
+    assert not path.with_name(path.name + ".partial").exists()
+    data = json.loads(path.read_text())
+    assert set(data["engines"]["sglang"]) == {"mhc_post", metadata.EXPAND}
+    post = tables.validate(data)["sglang"]["mhc_post"]
+    # coarse 1, 4, 16, 64 ... bisected between 16 (won) and 64 (lost): 32, 23, 19 (won), and
+    # 19 covers 20-22, up to the next measured point
+    assert post["graph"][7168] == ((1, 22),) and post["eager"][7168] == ()
+    assert {c for h, k, c in FakeMeasure.calls if h == "mhc_post" and k == 7168} >= {19, 23, 32}
+    # the plugins prefer the user file for this device and decide from it
+    tables.clear_cache()
+    monkeypatch.setattr(tables, "_device_name", lambda arch: DEVICE)
+    for table in PLUGIN_TABLES:
+        table.reload()
+    assert mhc.prefers_dsv4spec("mhc_post", 22, 7168, True, (9, 0))
+    assert not mhc.prefers_dsv4spec("mhc_post", 23, 7168, True, (9, 0))
+    assert mhc.SGLANG_MHC_POST_FASTER.sources[(9, 0)] == path
+    assert metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, True, (9, 0))
+    assert not metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, False, (9, 0))
+    # hooks not tuned keep the packaged sm_90 tables
+    assert mhc.prefers_dsv4spec("mhc_pre", 16, 4096, True, (9, 0))
+    assert mhc.SGLANG_MHC_PRE_FASTER.sources[(9, 0)] == tables.PACKAGED_DIR / "sm_90.json"
+
+
+def test_an_existing_file_is_kept_without_force(fake_gpu, capsys):
+    path = fake_gpu
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_post"]) == 0
+    before = path.read_text()
+    capsys.readouterr()
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_post"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--force" in err and path.read_text() == before
+    # another hook is added beside it; --force measures mhc_post again, keeping the other
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_pre"]) == 0
+    calls = len(FakeMeasure.calls)
+    assert cli.main(["tune", "--quick", "--force", "--hooks", "mhc_post"]) == 0
+    assert len(FakeMeasure.calls) > calls
+    assert set(json.loads(path.read_text())["engines"]["sglang"]) == {"mhc_post", "mhc_pre"}
+
+
+def test_a_malformed_existing_file_is_replaced_only_with_force(fake_gpu, capsys):
+    path = fake_gpu
+    path.write_text("{oops")
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_post"]) == cli.EXIT_USAGE
+    assert path.read_text() == "{oops" and not FakeMeasure.calls
+    assert cli.main(["tune", "--quick", "--force", "--hooks", "mhc_post"]) == 0
+    tables.read_file(path)
+
+
+@pytest.mark.gpu
+def test_gpu_tune_quick_end_to_end_and_the_plugins_load_its_file(tmp_path, monkeypatch):
+    from dsv4spec.integrations.sglang.source import sglang_root
+
+    if sglang_root() is None:
+        pytest.skip("SGLang's source is not installed (or DSV4SPEC_SGLANG_ROOT unset)")
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path))
+    assert cli.main(["tune", "--quick"]) == 0
+    path = tmp_path / tables.device_file_name(torch.cuda.get_device_name())
+    engines = tables.read_file(path)
+    assert set(engines["sglang"]) == set(tune.GRIDS)
+    architecture = tuple(torch.cuda.get_device_capability())
+    tables.clear_cache()
+    try:
+        for table in PLUGIN_TABLES:
+            table.reload()
+        for hook, entry in engines["sglang"].items():
+            g = tune.GRIDS[hook]
+            for key, count in g.points(quick=True):
+                for mode in g.modes:
+                    expected = tables.served(entry, key, count, mode == "graph")
+                    if hook in mhc.TABLES:
+                        got = mhc.prefers_dsv4spec(hook, count, key, mode == "graph",
+                                                   architecture)
+                    elif hook == "target_hc_head":
+                        got = hc_head.target_prefers_dsv4spec(count, key, mode == "graph",
+                                                              architecture)
+                    else:
+                        got = metadata.prefers_dsv4spec(hook, count, key, mode == "graph",
+                                                        architecture)
+                    assert got == expected, (hook, key, count, mode)
+        assert all(t.sources[architecture] == path for t in PLUGIN_TABLES)
+    finally:
+        tables.clear_cache()
+        for table in PLUGIN_TABLES:
+            table.reload()
