@@ -450,8 +450,7 @@ def main(args: argparse.Namespace) -> int:
     data["measured"] = {
         "date": datetime.date.today().isoformat(), **{k: env[k] for k in (
             "dsv4spec", "torch", "triton", "cuda")}, "sglang": _sglang_version(),
-        "command": "dsv4spec tune " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["tune"]
-                                               else sys.argv[1:]),
+        "command": f"dsv4spec tune --hooks {' '.join(hooks)}" + (" --quick" * args.quick),
         "quick": args.quick}
     engine = data["engines"].setdefault(ENGINE, {})
     for hook in hooks:
@@ -460,7 +459,12 @@ def main(args: argparse.Namespace) -> int:
             for k, by_count in state["points"][hook].items()})
     tables.validate(data)
     _write_json(path, data)
-    partial.unlink(missing_ok=True)
+    for hook in hooks:  # the partial keeps only points of hooks this run did not write
+        state["points"].pop(hook, None)
+    if state["points"]:
+        _write_json(partial, state)
+    else:
+        partial.unlink(missing_ok=True)
     for hook in hooks:
         entry = engine[hook]
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
