@@ -223,3 +223,30 @@ def test_gpu_tune_quick_end_to_end_and_the_plugins_load_its_file(tmp_path, monke
         tables.clear_cache()
         for table in PLUGIN_TABLES:
             table.reload()
+
+
+def test_compare_lists_other_winners_and_marks_near_ties(tmp_path, capsys):
+    g = tune.GRIDS["mhc_post"]
+    a = {7168: {1: {"graph": [1.0, 2.0], "eager": [1.0, 2.0]},
+                16: {"graph": [1.00, 1.02], "eager": [1.0, 2.0]},
+                64: {"graph": [3.0, 2.0], "eager": [1.0, 2.0]}}}
+    b = {7168: {1: {"graph": [1.0, 2.0], "eager": [3.0, 2.0]},
+                16: {"graph": [1.02, 1.00], "eager": [1.0, 2.0]},
+                256: {"graph": [1.0, 2.0], "eager": [1.0, 2.0]}}}
+    paths = []
+    for name, points in (("a", a), ("b", b)):
+        data = json.loads((tables.PACKAGED_DIR / "sm_90.json").read_text())
+        data["engines"] = {"sglang": {"mhc_post": tune.entry_from_points(g, points)}}
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(tables.dumps(data))
+    assert cli.main(["tune", "--compare", *map(str, paths)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("4 points in both files, 2 with another winner, 1 of them beyond a 3% "
+                       "near-tie")
+    assert sorted(out[:-1]) == [
+        "sglang mhc_post eager hidden_size=7168 num_tokens=1: ours/engine 1.00/2.00 vs "
+        "3.00/2.00 us",
+        "sglang mhc_post graph hidden_size=7168 num_tokens=16: ours/engine 1.00/1.02 vs "
+        "1.02/1.00 us (near-tie)"]
+    assert tune.served_share(tables.read_file(paths[0])["sglang"]["mhc_post"], g.modes) == {
+        "graph": 2 / 3, "eager": 1.0}

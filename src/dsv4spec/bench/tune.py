@@ -128,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="where the file goes (default: $DSV4SPEC_TABLES_DIR, else "
                              "~/.cache/dsv4spec/tables)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), default=None,
+                        help="print where two tables files' measured points disagree on the "
+                             "winner (near-ties within 3%% marked), then exit (no GPU needed)")
     parser.add_argument("--plan", action="store_true",
                         help="print what would be measured and the time estimate, then exit "
                              "(no GPU needed)")
@@ -368,8 +371,55 @@ def _sglang_version() -> str:
         return "unknown"
 
 
+TIE = 0.03  # a point where the two differ by at most this much is a near-tie
+
+
+def compare(a: dict, b: dict, tie: float = TIE) -> tuple[list[str], int, int]:
+    """Lines for the measured points two files (``{engine: {hook: entry}}``, with ``points``)
+    share where the winner differs, "near-tie" where either run measured them within ``tie``;
+    also the points shared and the differences that are not near-ties."""
+    lines, shared, real = [], 0, 0
+    for engine, hooks in a.items():
+        for hook, entry in hooks.items():
+            other = b.get(engine, {}).get(hook, {}).get("points", {})
+            for mode, keyed in entry.get("points", {}).items():
+                for key, rows in keyed.items():
+                    theirs = {r[0]: r[1:] for r in other.get(mode, {}).get(key, [])}
+                    for count, ours_a, engine_a in rows:
+                        if count not in theirs:
+                            continue
+                        shared += 1
+                        ours_b, engine_b = theirs[count]
+                        if (ours_a < engine_a) == (ours_b < engine_b):
+                            continue
+                        near = any(abs(o / e - 1) <= tie
+                                   for o, e in ((ours_a, engine_a), (ours_b, engine_b)))
+                        real += not near
+                        lines.append(
+                            f"{engine} {hook} {mode} {entry['key']}={key} {entry['count']}="
+                            f"{count}: ours/engine {ours_a:.2f}/{engine_a:.2f} vs "
+                            f"{ours_b:.2f}/{engine_b:.2f} us"
+                            + (" (near-tie)" if near else ""))
+    return lines, shared, real
+
+
+def served_share(entry: dict, modes: tuple[str, ...]) -> dict[str, float]:
+    """Per mode, the share of an entry's measured points where ours was served."""
+    share = {}
+    for mode in modes:
+        rows = [r for keyed in entry.get("points", {}).get(mode, {}).values() for r in keyed]
+        share[mode] = sum(o < e for _, o, e in rows) / len(rows) if rows else 0.0
+    return share
+
+
 def main(args: argparse.Namespace) -> int:
     hooks = list(dict.fromkeys(args.hooks))
+    if args.compare:
+        a, b = (tables.read_file(p) for p in args.compare)
+        lines, shared, real = compare(a, b)
+        print("\n".join(lines) + ("\n" if lines else "") + f"{shared} points in both files, "
+              f"{len(lines)} with another winner, {real} of them beyond a {TIE:.0%} near-tie")
+        return 0
     lines, seconds = plan(hooks, args.quick)
     if args.plan:
         print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min on an H200 (estimate)")
@@ -469,8 +519,10 @@ def main(args: argparse.Namespace) -> int:
         entry = engine[hook]
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
                   for m in GRIDS[hook].modes}
+        share = served_share(entry, GRIDS[hook].modes)
         print(f"{hook}: ours served at " + ", ".join(
-            f"{m} {_describe(entry[m])}" for m in GRIDS[hook].modes) + (
+            f"{m} {_describe(entry[m])} ({share[m]:.0%} of the points)"
+            for m in GRIDS[hook].modes) + (
             "" if any(served.values()) else " (nowhere: SGLang's own runs)"))
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
           "next start")
