@@ -312,8 +312,11 @@ class FileTable(dict):
         self.sources[architecture] = path
         if entry is None:
             return None
-        modes = {mode: KeyedSpans(_clipped(entry[mode], entry["max_count"]),
-                                  entry["between_keys"]) for mode in MODES}
+        # a plain dict where keys match exactly: measured_faster's own .get is the rule
+        keyed = KeyedSpans if entry["between_keys"] == "nearer_smaller" else (
+            lambda spans, rule: dict(spans))
+        modes = {mode: keyed(_clipped(entry[mode], entry["max_count"]), entry["between_keys"])
+                 for mode in MODES}
         dict.__setitem__(self, architecture, modes)
         return modes
 
