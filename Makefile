@@ -10,6 +10,15 @@ VENV_FLAGS := $(if $(HAS_CUDA_TORCH),--system-site-packages,)
 # SGLang 0.5.23 pins torch 2.14.1, which brings Triton 3.8: the plugin and op tests run there too.
 PINS_VENV := .venv-sglang-pins
 PINS_PY := $(PINS_VENV)/bin/python
+# vLLM 0.33.0's source for the vLLM plugin's tests and benchmarks: its wheel (336 MB, CUDA-only,
+# pinned to torch 2.14.0) is downloaded once into VLLM_WHEELS and only the files they read are
+# unpacked into the ignored .vllm-src/ (about 2 MB); the wheel is never installed. vLLM's torch
+# pin needs no third environment: torch 2.14.0 and 2.14.1 both require triton~=3.8.0, so the
+# pins venv runs the same Triton (the interpreter every kernel test runs in) on a patch release
+# of the same torch, whose fixes change none of the ATen ops the plugin and its ops call.
+VLLM_VERSION := 0.33.0
+VLLM_SRC := .vllm-src
+VLLM_WHEELS ?= $(HOME)/.cache/dsv4spec/wheels
 
 .PHONY: setup demo test test-sglang-pins bench lint clean
 
@@ -23,7 +32,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q orjson psutil pybase64 requests starlette msgspec pydantic pyzmq ipython aiohttp
 	touch $@
 
-setup: $(VENV)/.installed
+$(VLLM_SRC)/.unpacked: | $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps vllm==$(VLLM_VERSION) -d $(VLLM_WHEELS)
+	rm -rf $(VLLM_SRC)
+	$(PY) -m dsv4spec.integrations.vllm.source $(VLLM_WHEELS)/vllm-$(VLLM_VERSION)-*.whl $(VLLM_SRC)
+	touch $@
+
+setup: $(VENV)/.installed $(VLLM_SRC)/.unpacked
 
 $(PINS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PINS_VENV)
@@ -40,8 +55,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# The plugin and the ops it hooks, in Triton's interpreter, on SGLang 0.5.23's torch and Triton.
-test-sglang-pins: $(PINS_VENV)/.installed
+# The plugins and the ops they hook, in Triton's interpreter, on SGLang 0.5.23's torch and Triton
+# (which cover vLLM 0.33.0's, see VLLM_VERSION).
+test-sglang-pins: $(PINS_VENV)/.installed $(VLLM_SRC)/.unpacked
 	$(PINS_PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 	$(PINS_PY) -m pytest -q -p no:cacheprovider tests/integrations tests/ops tests/kernels
 
@@ -57,4 +73,4 @@ lint: setup
 	$(PY) -m ruff check src tests scripts
 
 clean:
-	rm -rf $(VENV) $(PINS_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PINS_VENV) $(VLLM_SRC) .pytest_cache .hypothesis

@@ -1,0 +1,209 @@
+"""vLLM 0.33.0's own mHC and hc_head kernels (``vllm/model_executor/kernels/mhc/tilelang.py`` and
+``tilelang_kernels.py``), loaded by path from vLLM's source.
+
+``import vllm`` needs CUDA libraries and vLLM's torch; the two files need only a few vLLM
+helpers, so this module executes vLLM's own files for most of them (``utils/math_utils.py``,
+``model_executor/warmup/jit_warmup.py`` and ``jit_warmup_tilelang_helper.py``,
+``tilelang_utils/__init__.py``) and puts small stand-ins at the other dotted paths, answering as
+vLLM does on one NVIDIA GPU:
+
+- ``vllm.platforms.current_platform``: CUDA unless torch is a ROCm build; PDL from compute
+  capability 9.0 (vLLM's rule); ``has_device_capability`` from the device;
+- ``vllm.utils.deep_gemm``: DeepGEMM off (``is_deep_gemm_supported() -> False``), so
+  ``mhc_pre_tilelang`` and the large-batch branch of ``mhc_fused_post_pre_tilelang`` run vLLM's
+  TileLang pre-norm GEMM (with DeepGEMM installed, vLLM runs DeepGEMM's there);
+- ``vllm.utils.torch_utils.direct_register_custom_op`` does nothing: DeepSeek-V4's model calls
+  the Python functions, not the ``torch.ops.vllm`` registrations;
+- ``vllm.utils.import_utils.has_tilelang``: whether ``tilelang`` is importable.
+
+TileLang is imported by vLLM's ``tilelang_utils`` when the kernels file loads (CUDA only).
+
+Call signatures (vLLM's, unchanged; bf16 activations, float32 mixes and weights, ``T`` tokens,
+``hc = 4`` streams of width ``H``):
+
+- ``mhc_pre(residual [T, hc, H], fn [hc*(hc+2), hc*H], hc_scale [3], hc_base [hc*(hc+2)],
+  rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, n_splits=1,
+  norm_weight=None [H] bf16, norm_eps=1e-6) -> (post_mix [T, hc, 1], comb_mix [T, hc, hc],
+  layer_input [T, H])``;
+- ``mhc_post(x [T, H], residual [T, hc, H], post_layer_mix [T, hc, 1], comb_res_mix [T, hc, hc])
+  -> residual' [T, hc, H]``;
+- ``mhc_fused_post_pre(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base, rms_eps,
+  hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, n_splits=1, tile_n=1,
+  norm_weight=None, norm_eps=1e-6) -> (residual', post_mix, comb_mix, layer_input)``;
+- ``hc_head(hs_flat [T, hc, H], fn [hc, hc*H], hc_scale [1], hc_base [hc], rms_eps, hc_eps)
+  -> [T, H] bf16`` (no RMSNorm: vLLM runs its own after it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from types import ModuleType, SimpleNamespace
+
+import torch
+
+from dsv4spec.integrations.vllm.source import SRC_ENV, load_vllm_module, vllm_src, vllm_version
+
+__all__ = ["KERNELS_FILE", "TILELANG_FILE", "install_stubs", "load_vllm_mhc_kernels",
+           "vllm_mhc_peer"]
+
+TILELANG_FILE = "model_executor/kernels/mhc/tilelang.py"
+KERNELS_FILE = "model_executor/kernels/mhc/tilelang_kernels.py"
+TILELANG_MOD = "vllm.model_executor.kernels.mhc.tilelang"
+KERNELS_MOD = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+# vLLM's own files the kernels file imports, executed by path in this order.
+_HELPERS = (
+    ("utils/math_utils.py", "vllm.utils.math_utils"),
+    ("model_executor/warmup/jit_warmup.py", "vllm.model_executor.warmup.jit_warmup"),
+    ("model_executor/warmup/jit_warmup_tilelang_helper.py",
+     "vllm.model_executor.warmup.jit_warmup_tilelang_helper"),
+    ("tilelang_utils/__init__.py", "vllm.tilelang_utils"),
+)
+
+
+def _capability() -> tuple[int, int]:
+    if torch.version.hip is None and torch.cuda.is_available():
+        return torch.cuda.get_device_capability()
+    return (0, 0)
+
+
+class _Platform:
+    """The ``current_platform`` answers vLLM's mHC files read."""
+
+    def is_cuda(self) -> bool:
+        return torch.version.hip is None and torch.cuda.is_available()
+
+    def is_rocm(self) -> bool:
+        return torch.version.hip is not None
+
+    def is_xpu(self) -> bool:
+        return False
+
+    def is_cpu(self) -> bool:
+        return not torch.cuda.is_available()
+
+    def is_arch_support_pdl(self) -> bool:
+        return _capability()[0] >= 9
+
+    def has_device_capability(self, capability: int) -> bool:
+        major, minor = _capability()
+        return major * 10 + minor >= capability
+
+    def support_deep_gemm(self) -> bool:
+        return False
+
+
+def _no_deep_gemm(*args, **kwargs):
+    raise RuntimeError("DeepGEMM is off in dsv4spec's loading of vLLM's mHC kernels")
+
+
+def _stub_attributes() -> dict[str, dict[str, object]]:
+    return {
+        "vllm.platforms": {"current_platform": _Platform()},
+        "vllm.utils.import_utils": {
+            "has_tilelang": lambda: importlib.util.find_spec("tilelang") is not None},
+        "vllm.utils.torch_utils": {"direct_register_custom_op": lambda *a, **k: None},
+        "vllm.utils.deep_gemm": {"is_deep_gemm_supported": lambda: False,
+                                 "tf32_hc_prenorm_gemm": _no_deep_gemm},
+    }
+
+
+def _package(name: str, added: list[str]) -> ModuleType:
+    module = sys.modules.get(name)
+    if module is None:
+        module = ModuleType(name)
+        module.__path__ = []  # children resolve through sys.modules only, never from disk
+        sys.modules[name] = module
+        added.append(name)
+    return module
+
+
+def _link(name: str) -> None:
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules and not hasattr(sys.modules[parent], child):
+        setattr(sys.modules[parent], child, sys.modules[name])
+
+
+def install_stubs() -> list[str]:
+    """Put the stand-ins (and empty parent packages) in ``sys.modules``; return the names
+    added. Names already present (the real package, or other stand-ins) are left alone."""
+    added: list[str] = []
+    for name, attrs in _stub_attributes().items():
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            _package(".".join(parts[:i]), added)
+        if name not in sys.modules:
+            module = _package(name, added)
+            for key, value in attrs.items():
+                setattr(module, key, value)
+    for name in ("vllm.model_executor.kernels.mhc", "vllm.model_executor.warmup"):
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            _package(".".join(parts[:i]), added)
+    for name in added:
+        _link(name)
+    return sorted(added)
+
+
+def _load(relpath: str, name: str, root) -> ModuleType:
+    module = load_vllm_module(relpath, name, root)
+    _link(name)
+    return module
+
+
+def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
+                          kernels: ModuleType | None = None) -> SimpleNamespace:
+    """vLLM's ``tilelang.py`` executed by path over the stand-ins, with its TileLang kernels.
+
+    Parameters
+    ----------
+    root : path, optional
+        The directory holding ``vllm/`` (default: :func:`~dsv4spec.integrations.vllm.source.
+        vllm_src`, i.e. ``$DSV4SPEC_VLLM_SRC`` or the checkout's ``.vllm-src/``).
+    kernels : module, optional
+        Put at ``vllm.model_executor.kernels.mhc.tilelang_kernels`` instead of vLLM's file
+        (tests stand TileLang's kernels in with vLLM's torch reference where TileLang is absent).
+
+    Returns
+    -------
+    types.SimpleNamespace
+        ``mhc_pre``, ``mhc_post``, ``mhc_fused_post_pre``, ``mhc_pre_broadcast``, ``hc_head``
+        (vLLM's functions, signatures in the module docstring), ``module`` (the executed
+        ``tilelang.py``, registered as ``vllm.model_executor.kernels.mhc.tilelang``), ``kernels``
+        and ``version``.
+
+    Raises ``FileNotFoundError`` without vLLM's source, ``ImportError`` without TileLang (unless
+    ``kernels`` is given).
+    """
+    if root is None and vllm_src() is None:
+        raise FileNotFoundError(f"vLLM's source not found: run `make setup` or set {SRC_ENV}")
+    install_stubs()
+    _load(*_HELPERS[0], root)
+    if kernels is not None:
+        sys.modules[KERNELS_MOD] = kernels
+        _link(KERNELS_MOD)
+    elif KERNELS_MOD not in sys.modules:
+        for relpath, name in _HELPERS[1:]:
+            _load(relpath, name, root)
+        _load(KERNELS_FILE, KERNELS_MOD, root)
+    module = _load(TILELANG_FILE, TILELANG_MOD, root)
+    return SimpleNamespace(
+        mhc_pre=module.mhc_pre_tilelang, mhc_post=module.mhc_post_tilelang,
+        mhc_fused_post_pre=module.mhc_fused_post_pre_tilelang,
+        mhc_pre_broadcast=module.mhc_pre_broadcast_tilelang,
+        hc_head=module.hc_head_fused_kernel_tilelang, module=module,
+        kernels=sys.modules[KERNELS_MOD], version=vllm_version())
+
+
+def vllm_mhc_peer() -> SimpleNamespace | None:
+    """:func:`load_vllm_mhc_kernels`, or None with a message (a benchmark then skips the peer)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return load_vllm_mhc_kernels()
+    except (FileNotFoundError, ImportError) as err:
+        print(f"vllm peer: skipped, vLLM 0.33.0's mHC kernels could not be loaded ({err}); run "
+              f"`make setup` (unpacks vLLM's source into .vllm-src/) or set {SRC_ENV}, and "
+              "install TileLang 0.1.12")
+        return None

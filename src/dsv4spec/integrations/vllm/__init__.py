@@ -1,0 +1,21 @@
+"""vLLM plugin: dsv4spec's hc_head and mHC ops inside vLLM's DeepSeek-V4 (NVIDIA) models.
+
+Supported vLLM versions: 0.33.0.
+
+Installed through the ``vllm.general_plugins`` entry point ``dsv4spec`` (``pip install
+dsv4spec[vllm]``); vLLM calls :func:`register` in every process that loads a model. Four hooks
+under two switches and a master switch ``DSV4SPEC_VLLM`` (``0`` turns a switch's hooks off;
+default on), each replacing one name in the DeepSeek-V4 modules that call it:
+
+- ``DSV4SPEC_VLLM_HC_HEAD``: ``hc_head_fused_kernel_tilelang`` (target, MTP and DSpark drafts);
+- ``DSV4SPEC_VLLM_MHC``: ``mhc_pre_tilelang``, ``mhc_post_tilelang`` and
+  ``mhc_fused_post_pre_tilelang``.
+
+Each runs dsv4spec's op only where :mod:`~dsv4spec.integrations.vllm.tables` says it measured
+faster and vLLM's kernel everywhere else, and for good once dsv4spec's path raises. Importing
+this package does not import ``vllm``.
+"""
+
+from dsv4spec.integrations.vllm.plugin import register
+
+__all__ = ["register"]

@@ -1,0 +1,82 @@
+"""Fast path for vLLM 0.33.0's ``hc_head_fused_kernel_tilelang``: dsv4spec's fused hc_head.
+
+vLLM's DeepSeek-V4 calls it at three sites (the target's last rank, the MTP draft's
+``compute_logits``, the DSpark draft) and follows the first two with an RMSNorm: the target's
+``self.norm`` module, the draft's ``_MTP_SHARED_HEAD_RMSNORM_KERNEL``. dsv4spec's
+``hc_head_rmsnorm`` would fuse the pair, but in vLLM the two are consecutive statements of the
+model's ``forward`` / ``compute_logits``, with no function of vLLM's between them to hook: the
+hc_head call does not receive the norm's weight, and skipping the norm would mean replacing
+vLLM's model code. So the hook replaces hc_head alone and vLLM's RMSNorm runs after it.
+
+The hook compiles every kernel variant ``T = 1..PRECOMPILE_MAX_TOKENS`` needs when it first sees
+a (device, width, dtype) outside a capture (vLLM's warm-up runs eagerly before its CUDA-graph
+capture), and steps aside where :mod:`~dsv4spec.integrations.vllm.mhc`'s rules say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from dsv4spec.capture import stream_capturing
+from dsv4spec.integrations.hooks import STEP_ASIDE, gpu_architecture
+from dsv4spec.integrations.vllm.mhc import HC, prefers_dsv4spec, rejected, vllm_batch_invariant
+from dsv4spec.kernels import on_rocm, triton_runs_on
+from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS, precompile
+from dsv4spec.ops import hc_head
+
+logger = logging.getLogger("dsv4spec.integrations.vllm")
+
+_ready: dict[tuple, tuple[int, int] | None] = {}
+
+
+def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
+    """``x``'s GPU architecture where the hook may run dsv4spec's kernel on ``x``'s device,
+    width and dtype, with every variant up to PRECOMPILE_MAX_TOKENS compiled; None where it steps
+    aside. Decided once per (device, width, dtype), at the first call outside a capture."""
+    index = x.get_device()
+    key = (index, x.shape[2], x.dtype)
+    if key in _ready:
+        return _ready[key]
+    if on_rocm() or not triton_runs_on(x.device):
+        _ready[key] = None
+        return None
+    if index >= 0:
+        if stream_capturing(index):
+            return None
+        start = time.perf_counter()
+        count = precompile(x.shape[2], x.dtype, index)
+        logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: "
+                       "%d variants compiled in %.1f s", x.shape[2], x.dtype,
+                       PRECOMPILE_MAX_TOKENS, index, count, time.perf_counter() - start)
+    _ready[key] = gpu_architecture(index)
+    return _ready[key]
+
+
+def fast_hc_head(
+    hs_flat: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    rms_eps: float, hc_eps: float,
+) -> Any:
+    """Fast path for vLLM's ``hc_head_fused_kernel_tilelang``: ``[T, H]`` bf16 from dsv4spec's
+    :func:`~dsv4spec.ops.hc_head` (the same formula: ``rms_eps`` is its ``norm_eps``), or
+    STEP_ASIDE unless ``hs_flat`` is a contiguous bf16 ``[T, 4, H]`` with T > 0 on a device it
+    covers and the measured table prefers ours for this architecture, mode and width."""
+    x = hs_flat
+    if (torch.compiler.is_compiling() or not isinstance(x, torch.Tensor) or x.dim() != 3
+            or x.shape[1] != HC or x.dtype != torch.bfloat16 or not x.is_contiguous()
+            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS):
+        return STEP_ASIDE
+    architecture = _prepared(x)  # first: compiles on an eager call even where vLLM's path wins
+    index = x.get_device()
+    if (architecture is None or vllm_batch_invariant()
+            or not prefers_dsv4spec("hc_head", x.shape[0], x.shape[2],
+                                    index >= 0 and stream_capturing(index), architecture)):
+        return STEP_ASIDE
+    try:
+        return hc_head(x, fn, hc_scale, hc_base, norm_eps=float(rms_eps), hc_eps=float(hc_eps),
+                       impl="triton")
+    except (ValueError, TypeError) as e:  # raised by the input checks, before any work
+        return rejected("hc_head", e)

@@ -1,0 +1,246 @@
+"""Fast paths for vLLM 0.33.0's mHC functions (``vllm.model_executor.kernels.mhc.tilelang``):
+``mhc_pre_tilelang``, ``mhc_post_tilelang`` and ``mhc_fused_post_pre_tilelang``.
+
+Each takes vLLM's exact arguments and returns vLLM's result (same shapes, dtypes and views:
+``post_mix [T, 4, 1]``, ``comb_mix [T, 4, 4]`` float32, bf16 activations) computed with
+dsv4spec's ops where :mod:`~dsv4spec.integrations.vllm.tables` says ours is faster, and
+:data:`~dsv4spec.integrations.hooks.STEP_ASIDE` (vLLM's function runs with the same arguments)
+everywhere else: ROCm, GPU architectures or widths absent from the tables, ``torch.compile``,
+vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT``: our split-K tiling depends on the token
+count), token counts where vLLM would run DeepGEMM's pre-norm GEMM (not what the tables were
+measured against), inputs our ops do not cover (hc_mult other than 4, dtypes other than vLLM's,
+empty or non-contiguous inputs, extra leading dimensions, ``hc_pre_eps != hc_sinkhorn_eps``, a
+float32 norm weight), and a shape first seen inside a CUDA-graph capture (nothing compiles
+there: vLLM's warm-up runs each size eagerly before it captures it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import torch
+
+from dsv4spec.capture import stream_capturing
+from dsv4spec.integrations.hooks import (
+    INTERPRETER_ARCHITECTURE,
+    STEP_ASIDE,
+    gpu_architecture,
+    measured_faster,
+    run_where_measured_faster,
+)
+from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS, TABLES
+from dsv4spec.kernels import on_rocm, triton_runs_on
+from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
+
+logger = logging.getLogger("dsv4spec.integrations.vllm")
+
+HC = 4
+_warned: set[str] = set()
+# Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
+_compiled: set[tuple] = set()
+_deep_gemm: bool | None = None
+
+
+def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
+                     architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE,
+                     deep_gemm: bool = False) -> bool:
+    """Whether vLLM's ``op`` should run dsv4spec's op rather than its own.
+
+    Parameters
+    ----------
+    op : {"hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre"}
+    num_tokens, hidden_size : int
+        ``T`` and ``H`` of ``residual [T, 4, H]``.
+    in_graph : bool
+        Whether the call is captured into a CUDA graph (device time counts) or runs eagerly.
+    architecture : (int, int) or None
+        The GPU's compute capability; None (ROCm) never prefers ours.
+    deep_gemm : bool
+        Whether vLLM runs DeepGEMM's pre-norm GEMM (``is_deep_gemm_supported()``).
+
+    Returns
+    -------
+    bool
+        True iff ``num_tokens`` lies in one of ``op``'s measured winning ranges for that
+        architecture, mode and width, and, where ``deep_gemm``, below the count from which vLLM's
+        op runs DeepGEMM (:data:`~dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS`).
+    """
+    deep_from = DEEP_GEMM_FROM_TOKENS[op]
+    if architecture is None:
+        return False
+    if deep_gemm and deep_from is not None and num_tokens >= deep_from:
+        return False
+    return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
+
+
+def vllm_batch_invariant() -> bool:
+    """vLLM's ``VLLM_BATCH_INVARIANT`` (fixed at server start; read as vLLM's envs reads it)."""
+    try:
+        return bool(int(os.environ.get("VLLM_BATCH_INVARIANT", "0")))
+    except ValueError:
+        return True  # vLLM itself would refuse to start; never guess in its favour
+
+
+def vllm_deep_gemm() -> bool:
+    """vLLM's ``is_deep_gemm_supported()``, from the module already loaded (nothing imported;
+    remembered once vLLM has loaded it). Unknown counts as supported: the hook steps aside."""
+    global _deep_gemm
+    if _deep_gemm is not None:
+        return _deep_gemm
+    module = sys.modules.get("vllm.utils.deep_gemm")
+    if module is None:
+        return True
+    _deep_gemm = bool(module.is_deep_gemm_supported())
+    return _deep_gemm
+
+
+def _capturing(index: int) -> bool:
+    return index >= 0 and stream_capturing(index)
+
+
+def run_if_faster(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
+    """``launch()`` where the table prefers ours for this call, else STEP_ASIDE (the capture
+    rule: :func:`~dsv4spec.integrations.hooks.run_where_measured_faster`)."""
+    if (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(residual.device)
+            or vllm_batch_invariant()):
+        return STEP_ASIDE
+    index = residual.get_device()
+    architecture = gpu_architecture(index)
+    T, _, H = residual.shape
+    deep_gemm = DEEP_GEMM_FROM_TOKENS[op] is not None and vllm_deep_gemm()
+    return run_where_measured_faster(
+        (op, index, *key), _compiled, _capturing(index),
+        lambda in_graph: prefers_dsv4spec(op, T, H, in_graph, architecture, deep_gemm), launch)
+
+
+def rejected(op: str, error: Exception) -> Any:
+    """STEP_ASIDE for inputs dsv4spec's op refused, with one warning per op."""
+    if op not in _warned:
+        _warned.add(op)
+        logger.warning("dsv4spec: vLLM %s: dsv4spec's op rejected the inputs (%s); vLLM's own "
+                       "kernel runs for such inputs", op, error)
+    return STEP_ASIDE
+
+
+def _streams_ok(residual: Any) -> bool:
+    """``residual`` is ``[T, 4, H]`` bf16 (vLLM's kernels take bf16 only), contiguous, T > 0."""
+    return (isinstance(residual, torch.Tensor) and residual.dim() == 3
+            and residual.shape[1] == HC and residual.shape[0] > 0 and residual.shape[2] > 0
+            and residual.dtype == torch.bfloat16 and residual.is_contiguous())
+
+
+def _post_ok(x: Any, residual: torch.Tensor, post_layer_mix: Any, comb_res_mix: Any) -> bool:
+    T, hc, H = residual.shape
+    return (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
+            and isinstance(comb_res_mix, torch.Tensor) and x.dtype == torch.bfloat16
+            and tuple(x.shape) == (T, H) and post_layer_mix.dtype == torch.float32
+            and tuple(post_layer_mix.shape) in ((T, hc, 1), (T, hc))
+            and post_layer_mix.is_contiguous() and comb_res_mix.dtype == torch.float32
+            and tuple(comb_res_mix.shape) == (T, hc, hc))
+
+
+def _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat,
+                norm_weight, norm_eps, hidden_size) -> dict | None:
+    """dsv4spec's ``mhc_pre`` arguments for vLLM's, or None where they do not map exactly.
+
+    vLLM adds ``hc_pre_eps`` to the pre weights' sigmoid and uses ``hc_sinkhorn_eps`` in the
+    Sinkhorn; dsv4spec's op has one ``hc_eps`` for both, so the call maps only when they are
+    equal (DSV4 passes its ``hc_eps`` twice). ``rms_eps`` is the factor r's epsilon in both,
+    ``hc_post_mult_value`` is ``post_mult`` and ``sinkhorn_repeat`` is ``sinkhorn_iters`` (one
+    softmax + column pass, then ``sinkhorn_repeat - 1`` row/column passes in both). Both round
+    the collapsed input to bf16 before the fused RMSNorm; vLLM casts a non-bf16 ``norm_weight``
+    to bf16 first, ours would use it as is, so only a bf16 weight maps (DSV4's is bf16).
+    """
+    if hc_pre_eps != hc_sinkhorn_eps:
+        return None
+    kwargs = {"rms_eps": float(rms_eps), "hc_eps": float(hc_pre_eps),
+              "sinkhorn_iters": sinkhorn_repeat, "post_mult": float(hc_post_mult_value)}
+    if norm_weight is not None:
+        if (not isinstance(norm_weight, torch.Tensor) or norm_weight.dtype != torch.bfloat16
+                or tuple(norm_weight.shape) != (hidden_size,) or norm_eps is None):
+            return None
+        kwargs["norm_weight"] = norm_weight
+        kwargs["norm_eps"] = float(norm_eps)
+    return kwargs
+
+
+def fast_mhc_pre(
+    residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
+    sinkhorn_repeat: int, n_splits: int = 1, norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+) -> Any:
+    """Fast path for vLLM's ``mhc_pre_tilelang``: ``(post_mix [T, 4, 1] f32, comb_mix
+    [T, 4, 4] f32, layer_input [T, H] bf16)`` from dsv4spec's :func:`~dsv4spec.ops.mhc_pre`, or
+    STEP_ASIDE. ``n_splits`` is ignored, as vLLM ignores it (its GEMM picks its own split)."""
+    if not _streams_ok(residual):
+        return STEP_ASIDE
+    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    if kwargs is None:
+        return STEP_ASIDE
+
+    def launch():
+        post, comb, layer_input = mhc_pre(residual, fn, hc_scale, hc_base, impl="triton",
+                                          **kwargs)
+        return post.unsqueeze(-1), comb, layer_input
+
+    key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    try:
+        return run_if_faster("mhc_pre", residual, key, launch)
+    except (ValueError, TypeError) as e:  # raised by the op's input checks, before any launch
+        return rejected("mhc_pre", e)
+
+
+def fast_mhc_post(
+    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor,
+) -> Any:
+    """Fast path for vLLM's ``mhc_post_tilelang``: ``[T, 4, H]`` bf16 from dsv4spec's
+    :func:`~dsv4spec.ops.mhc_post` (``post_layer_mix`` ``[T, 4, 1]`` or ``[T, 4]``, as vLLM
+    takes it), or STEP_ASIDE."""
+    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+        return STEP_ASIDE
+    post = post_layer_mix.view(residual.shape[0], HC)
+
+    def launch():
+        return mhc_post(x, residual, post, comb_res_mix, impl="triton")
+
+    try:
+        return run_if_faster("mhc_post", residual, tuple(residual.shape), launch)
+    except (ValueError, TypeError) as e:
+        return rejected("mhc_post", e)
+
+
+def fast_mhc_fused_post_pre(
+    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
+    sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1,
+    norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+) -> Any:
+    """Fast path for vLLM's ``mhc_fused_post_pre_tilelang``: ``(residual_cur [T, 4, H] bf16,
+    post_mix_cur [T, 4, 1] f32, comb_mix_cur [T, 4, 4] f32, layer_input_cur [T, H] bf16)`` from
+    dsv4spec's :func:`~dsv4spec.ops.mhc_post_pre`, or STEP_ASIDE. ``n_splits`` and ``tile_n``
+    are ignored, as vLLM ignores them (it picks both from the token count)."""
+    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+        return STEP_ASIDE
+    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    if kwargs is None:
+        return STEP_ASIDE
+    post_in = post_layer_mix.view(residual.shape[0], HC)
+
+    def launch():
+        new, post, comb, layer_input = mhc_post_pre(x, residual, post_in, comb_res_mix, fn,
+                                                    hc_scale, hc_base, impl="triton", **kwargs)
+        return new, post.unsqueeze(-1), comb, layer_input
+
+    key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    try:
+        return run_if_faster("mhc_fused_post_pre", residual, key, launch)
+    except (ValueError, TypeError) as e:
+        return rejected("mhc_fused_post_pre", e)

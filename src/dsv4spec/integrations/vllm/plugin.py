@@ -1,0 +1,258 @@
+"""Registration of dsv4spec's hooks with vLLM's general plugins (``vllm.general_plugins``).
+
+vLLM calls every general plugin in each process that loads a model (the engine core, each
+tensor-parallel worker before ``load_model``, the model registry's inspection subprocess),
+possibly more than once per process, so :func:`register` is idempotent and cheap: it imports
+nothing of vLLM.
+
+vLLM has no hook registry: its DeepSeek-V4 model modules bind the mHC kernels with
+``from vllm.model_executor.kernels.mhc.tilelang import ...`` at import time, so each hook
+replaces those names in the modules that call them (:data:`MODEL_MODULES`), once a module is
+imported, or at once if it already is. vLLM's kernels module itself is left alone: other models
+(and the CustomOps of other platforms) keep calling vLLM's functions. Each replacement is a
+:class:`~dsv4spec.integrations.hooks.GuardedHook` around vLLM's own function: vLLM's function
+serves every call dsv4spec's path steps aside from, and all of them once that path has raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.metadata
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from dsv4spec.integrations.hooks import OFF_VALUES, GuardedHook, Hook, switch_on
+
+logger = logging.getLogger("dsv4spec.integrations.vllm")
+
+SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
+MASTER_SWITCH = "DSV4SPEC_VLLM"
+KERNELS_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
+# The NVIDIA DeepSeek-V4 modules that call the hooked functions (vLLM 0.33.0): the target
+# (DeepseekV4Model, whose DeepseekV4DecoderLayer.forward the MTP layer's block also runs), the
+# MTP draft and the DSpark draft. The vision model wraps the target and calls none itself.
+TARGET_MODULE = "vllm.models.deepseek_v4.nvidia.model"
+MTP_MODULE = "vllm.models.deepseek_v4.nvidia.mtp"
+DSPARK_MODULE = "vllm.models.deepseek_v4.nvidia.dspark"
+MODEL_MODULES = (TARGET_MODULE, MTP_MODULE, DSPARK_MODULE)
+__all__ = ["HOOKS", "MASTER_SWITCH", "MODEL_MODULES", "OFF_VALUES", "Hook", "installed",
+           "register", "switch_on"]
+
+
+def _make(area: str, name: str) -> Callable[[ModuleType], Callable]:
+    def make(module: ModuleType | None = None) -> Callable:
+        fast = getattr(importlib.import_module(f"dsv4spec.integrations.vllm.{area}"),
+                       f"fast_{name}")
+        return GuardedHook(f"vLLM {name}", fast, logger, "vLLM")
+
+    return make
+
+
+_PRE = ("residual", "fn", "hc_scale", "hc_base", "rms_eps", "hc_pre_eps", "hc_sinkhorn_eps",
+        "hc_post_mult_value", "sinkhorn_repeat", "n_splits", "norm_weight", "norm_eps")
+_POST = ("x", "residual", "post_layer_mix", "comb_res_mix")
+_FUSED = ("x", "residual", "post_layer_mix", "comb_res_mix", "fn", "hc_scale", "hc_base",
+          "rms_eps", "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult_value", "sinkhorn_repeat",
+          "n_splits", "tile_n", "norm_weight", "norm_eps")
+_HC_HEAD = ("hs_flat", "fn", "hc_scale", "hc_base", "rms_eps", "hc_eps")
+# Hook.module is where vLLM defines the function; BOUND_IN, the modules whose names are replaced.
+HOOKS = (
+    Hook("hc_head", "DSV4SPEC_VLLM_HC_HEAD", KERNELS_MODULE, "hc_head_fused_kernel_tilelang",
+         _HC_HEAD, _make("hc_head", "hc_head")),
+    Hook("mhc_pre", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE, "mhc_pre_tilelang", _PRE,
+         _make("mhc", "mhc_pre")),
+    Hook("mhc_post", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE, "mhc_post_tilelang", _POST,
+         _make("mhc", "mhc_post")),
+    Hook("mhc_fused_post_pre", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE,
+         "mhc_fused_post_pre_tilelang", _FUSED, _make("mhc", "mhc_fused_post_pre")),
+)
+BOUND_IN: dict[str, tuple[str, ...]] = {
+    "hc_head": MODEL_MODULES,
+    "mhc_pre": (TARGET_MODULE,),
+    "mhc_post": MODEL_MODULES,
+    "mhc_fused_post_pre": (TARGET_MODULE,),
+}
+
+# The mHC names those modules call that no hook replaces, and why.
+NOT_HOOKED = {
+    "mhc_pre_broadcast_tilelang": (
+        "the target's first layer on the first pipeline rank (model.py, every forward): its "
+        "residual is the [T, H] embedding broadcast to the 4 streams with fn folded to "
+        "fn_broadcast [24, H]; dsv4spec has no broadcast mhc_pre and none was measured"),
+}
+
+_guards: dict[str, GuardedHook] = {}  # one per hook, shared by every module it patches
+_announced = False
+
+
+def installed_vllm_version() -> str | None:
+    """``importlib.metadata.version("vllm")`` (no import of vllm), ``None`` if absent."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_hooked(fn: Any) -> bool:
+    return getattr(fn, "_dsv4spec_hook", False)
+
+
+def _wrap(guard: GuardedHook, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        return guard(original, *args, **kwargs)
+
+    hooked._dsv4spec_hook = True
+    hooked._dsv4spec_guard = guard
+    return hooked
+
+
+def _patch(module: ModuleType) -> list[str]:
+    """Replace the hooked names ``module`` binds; returns the ``module.name`` targets patched
+    now or before. A name whose function is not vLLM's with the expected parameters is skipped
+    with a warning, never fatal."""
+    patched = []
+    for hook in HOOKS:
+        if module.__name__ not in BOUND_IN[hook.name] or hook.name not in _guards:
+            continue
+        target = f"{module.__name__}.{hook.attr}"
+        original = getattr(module, hook.attr, None)
+        if is_hooked(original):
+            patched.append(target)
+            continue
+        try:
+            if original is None:
+                raise AttributeError(f"{module.__name__} has no {hook.attr}")
+            params = tuple(inspect.signature(original).parameters)
+            if params != hook.params:
+                raise TypeError(f"parameters {params}, the hook expects {hook.params}")
+            if getattr(original, "__module__", None) != hook.module:
+                raise TypeError(f"defined in {original.__module__}, not {hook.module}")
+        except Exception as e:  # another vLLM version: renamed, moved or changed
+            logger.warning("dsv4spec: vLLM %s hook skipped at %s (vLLM %s): %s: %s", hook.name,
+                           target, installed_vllm_version(), type(e).__name__, e)
+            continue
+        setattr(module, hook.attr, _wrap(_guards[hook.name], original))
+        patched.append(target)
+    return patched
+
+
+def _patch_on_import(module: ModuleType) -> None:
+    try:
+        _patch(module)
+    except Exception as e:  # noqa: BLE001 - never let a plugin break vLLM's import
+        logger.warning("dsv4spec: could not hook %s (%s: %s); vLLM's kernels serve it",
+                       module.__name__, type(e).__name__, e, exc_info=True)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """A module's own loader, then :func:`_patch_on_import` on the executed module."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _patch_on_import(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the original
+        return getattr(self._loader, name)
+
+
+class ImportWatcher(importlib.abc.MetaPathFinder):
+    """Patches :data:`MODEL_MODULES` right after they execute: finds their spec with the finders
+    after it and wraps the loader. Watches only names that were not imported yet."""
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+_watcher = ImportWatcher()
+
+
+def register() -> list[str]:
+    """vLLM general-plugin entry point: hook the DeepSeek-V4 modules' mHC and hc_head calls.
+
+    ``DSV4SPEC_VLLM=0`` turns every hook off, ``DSV4SPEC_VLLM_HC_HEAD=0`` / ``DSV4SPEC_VLLM_MHC=0``
+    theirs. Modules already imported are patched now; the others when they are imported. Calling
+    it again in the same process patches nothing twice.
+
+    Returns
+    -------
+    list of str
+        The ``module.name`` targets patched so far (modules imported later are patched then).
+    """
+    try:
+        return _register()
+    except Exception as e:  # noqa: BLE001 - vLLM calls plugins unguarded: never stop its start
+        logger.warning("dsv4spec: vLLM plugin not installed (%s: %s); vLLM's own kernels serve "
+                       "every call", type(e).__name__, e, exc_info=True)
+        return []
+
+
+def _register() -> list[str]:
+    master = switch_on(MASTER_SWITCH)
+    off = []
+    for hook in HOOKS:
+        if not master or not switch_on(hook.switch):
+            off.append(f"{hook.name} ({hook.switch if master else MASTER_SWITCH}=0)")
+        elif hook.name not in _guards:
+            _guards[hook.name] = hook.make(None)
+    patched = []
+    for name in MODEL_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            patched += _patch(module)
+        elif any(name in BOUND_IN[hook] for hook in _guards):
+            _watcher.pending.add(name)
+    if _watcher.pending and _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)
+    _announce(patched, off)
+    return patched
+
+
+def installed() -> dict[str, GuardedHook]:
+    """The hooks :func:`register` made in this process, by name (their state: ``enabled``,
+    ``failure``)."""
+    return dict(_guards)
+
+
+def _announce(patched: list[str], off: list[str]) -> None:
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    from dsv4spec import __version__
+
+    version = installed_vllm_version()
+    if version is not None and version not in SUPPORTED_VLLM_VERSIONS:
+        logger.warning("dsv4spec: vLLM %s is not a supported version (%s); hooks are installed "
+                       "only where their targets match", version,
+                       ", ".join(SUPPORTED_VLLM_VERSIONS))
+    logger.warning("dsv4spec %s vLLM plugin on vLLM %s: hooks %s; off: %s; patched now: %s "
+                   "(the other DeepSeek-V4 modules when imported)", __version__, version,
+                   ", ".join(_guards) or "none", ", ".join(off) or "none",
+                   ", ".join(patched) or "nothing")

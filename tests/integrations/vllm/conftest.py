@@ -1,0 +1,61 @@
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from dsv4spec.integrations.vllm import hc_head as hc_head_hooks
+from dsv4spec.integrations.vllm import mhc as mhc_hooks
+from dsv4spec.integrations.vllm import plugin
+from dsv4spec.integrations.vllm.source import vllm_src
+
+from . import standins
+
+SWITCHES = (plugin.MASTER_SWITCH, *dict.fromkeys(hook.switch for hook in plugin.HOOKS))
+NAMES = {hook.name: hook.attr for hook in plugin.HOOKS}  # hook -> vLLM's function name
+
+
+def fresh_plugin(monkeypatch) -> None:
+    """The plugin as in a new process: no hooks made, nothing watched, nothing remembered."""
+    for switch in SWITCHES:
+        monkeypatch.delenv(switch, raising=False)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.setattr(plugin, "_guards", {})
+    monkeypatch.setattr(plugin, "_announced", False)
+    monkeypatch.setattr(plugin, "_watcher", plugin.ImportWatcher())
+    monkeypatch.setattr(mhc_hooks, "_warned", set())
+    monkeypatch.setattr(mhc_hooks, "_compiled", set())
+    monkeypatch.setattr(mhc_hooks, "_deep_gemm", None)
+    monkeypatch.setattr(hc_head_hooks, "_ready", {})
+
+
+def _vllm_modules(tilelang: bool, monkeypatch):
+    if vllm_src() is None:
+        pytest.skip("vLLM 0.33.0's source is not unpacked (`make setup`, or set "
+                    "DSV4SPEC_VLLM_SRC)")
+    fresh_plugin(monkeypatch)
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if standins.is_vllm(name)}
+    meta_path = list(sys.meta_path)
+    try:
+        yield standins.install(tilelang)
+    finally:
+        sys.meta_path[:] = meta_path
+        for name in [name for name in sys.modules if standins.is_vllm(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def vllm(monkeypatch):
+    """vLLM's mHC functions over the stand-in kernels (vLLM's torch reference) and the three
+    model modules, before the plugin registers (as in a process that imported DeepSeek-V4)."""
+    yield from _vllm_modules(False, monkeypatch)
+
+
+@pytest.fixture
+def vllm_tilelang(monkeypatch):
+    """As :func:`vllm`, with vLLM's own TileLang kernels (a CUDA GPU and TileLang needed)."""
+    pytest.importorskip("tilelang")
+    yield from _vllm_modules(True, monkeypatch)
+
+
+__all__ = ["NAMES", "SWITCHES", "SimpleNamespace", "fresh_plugin"]

@@ -1,0 +1,372 @@
+"""The four hooks through the names vLLM's DeepSeek-V4 modules call, against vLLM's own functions.
+
+vLLM's ``tilelang.py`` runs for real (its shape, dtype and view handling); its TileLang kernels
+are stood in by vLLM's torch reference on CPU (``standins.kernels_module``). The epsilons are
+large and distinct so that a swapped or dropped one fails the comparisons; H = 128 lets vLLM's
+one-launch fused boundary (T <= 32) and its post + GEMM path (T > 32) both run.
+"""
+
+import ast
+import logging
+
+import pytest
+import torch
+from triton.compiler.errors import CompilationError
+
+from dsv4spec.integrations.hooks import INTERPRETER_ARCHITECTURE
+from dsv4spec.integrations.vllm import hc_head as hc_head_hooks
+from dsv4spec.integrations.vllm import mhc as mhc_hooks
+from dsv4spec.integrations.vllm import plugin, register
+from dsv4spec.integrations.vllm.tables import TABLES
+from dsv4spec.ops import (
+    hc_head_reference,
+    mhc_post_pre_reference,
+    mhc_post_reference,
+    mhc_pre_reference,
+)
+
+from .conftest import NAMES
+from .standins import DEVICE
+
+RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
+HEAD_RMS_EPS, HEAD_HC_EPS = 0.125, 0.75
+H = 128
+LOGGER = "dsv4spec.integrations.vllm"
+OPS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head")
+# Where each op is called (vLLM 0.33.0): the module whose binding a hooked call goes through.
+CALLERS = {"mhc_pre": ("model",), "mhc_post": ("model", "mtp", "dspark"),
+           "mhc_fused_post_pre": ("model",), "hc_head": ("model", "mtp", "dspark")}
+# bf16 outputs: one bf16 ulp of the largest element (fp32 sums in a different order);
+# float32 mixes: fp32 sums over hc*H products.
+BF16_TOL = dict(rtol=1.6e-2, atol=1.6e-2)
+F32_TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+FAULTS = [
+    pytest.param(lambda: RuntimeError("CUDA error: an illegal memory access"), id="RuntimeError"),
+    pytest.param(lambda: AttributeError("'NoneType' object has no attribute 'launch'"),
+                 id="AttributeError"),
+    pytest.param(lambda: CompilationError("def kernel(): ...", ast.parse("x").body[0],
+                                          "injected"), id="CompilationError"),
+]
+
+
+def make_inputs(T, H=H, hc=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = (2 + hc) * hc
+    t = {
+        "residual": torch.randn(T, hc, H, generator=g).bfloat16(),
+        "x": torch.randn(T, H, generator=g).bfloat16(),
+        "post": torch.rand(T, hc, 1, generator=g) * 2,
+        "comb": torch.rand(T, hc, hc, generator=g),
+        "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
+        "hc_scale": torch.rand(3, generator=g) + 0.5,
+        "hc_base": torch.randn(n, generator=g) * 0.5,
+        "norm_weight": (1 + 0.25 * torch.randn(H, generator=g)).bfloat16(),
+        "head_fn": torch.randn(hc, hc * H, generator=g) * (hc * H) ** -0.5,
+        "head_scale": torch.rand(1, generator=g) + 0.5,
+        "head_base": torch.randn(hc, generator=g) * 0.5,
+    }
+    t["comb"] = t["comb"] / t["comb"].sum(-1, keepdim=True)
+    return {k: v.to(DEVICE) for k, v in t.items()}
+
+
+def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
+    """(args, kwargs) of vLLM's ``op`` as DeepSeek-V4's model calls it (model.py 746/760)."""
+    if op == "hc_head":
+        return (t["residual"], t["head_fn"], t["head_scale"], t["head_base"], HEAD_RMS_EPS,
+                HEAD_HC_EPS), {}
+    if op == "mhc_post":
+        return (t["x"], t["residual"], t["post"], t["comb"]), {}
+    pre = (t["fn"], t["hc_scale"], t["hc_base"], RMS_EPS, *eps, 2.0, ITERS)
+    kw = {"norm_weight": t["norm_weight"], "norm_eps": NORM_EPS} if norm else {}
+    if op == "mhc_pre":
+        return (t["residual"], *pre), kw
+    return (t["x"], t["residual"], t["post"], t["comb"], *pre), {"n_splits": 1, "tile_n": 1,
+                                                                  **kw}
+
+
+def reference(op, t, norm=True):
+    """dsv4spec's float64 reference, in vLLM's output shapes."""
+    if op == "hc_head":
+        return hc_head_reference(t["residual"].double(), t["head_fn"].double(),
+                                 t["head_scale"].double(), t["head_base"].double(),
+                                 norm_eps=HEAD_RMS_EPS, hc_eps=HEAD_HC_EPS)
+    kw = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS, "post_mult": 2.0}
+    if norm:
+        kw.update(norm_weight=t["norm_weight"], norm_eps=NORM_EPS)
+    weights = (t["fn"], t["hc_scale"], t["hc_base"])
+    if op == "mhc_pre":
+        post, comb, y = mhc_pre_reference(t["residual"], *weights, **kw)
+        return post.unsqueeze(-1), comb, y
+    post2 = t["post"].squeeze(-1)
+    if op == "mhc_post":
+        return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
+    new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
+                                                *weights, **kw)
+    return new, post.unsqueeze(-1), comb, y
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def assert_like(got, want, tol_against=None):
+    """Same dtypes, shapes and strides as vLLM's result; values close to ``tol_against``."""
+    got, want = as_tuple(got), as_tuple(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+    for g, r in zip(got, as_tuple(tol_against if tol_against is not None else want)):
+        tol = BF16_TOL if g.dtype == torch.bfloat16 else F32_TOL
+        torch.testing.assert_close(g.double(), r.to(g.device).double(), **tol)
+
+
+def original(vllm, op):
+    return getattr(vllm.peer.module, NAMES[op])
+
+
+def hooked(vllm, op, where="model"):
+    return getattr(vllm.models[plugin.__dict__[f"{where.upper()}_MODULE"] if where != "model"
+                               else plugin.TARGET_MODULE], NAMES[op])
+
+
+def measure(monkeypatch, op, modes=("graph", "eager"), spans=((1, 64),), width=H):
+    """A table entry for the test width (the interpreter stands in for sm_90)."""
+    for mode in modes:
+        monkeypatch.setitem(TABLES[op][INTERPRETER_ARCHITECTURE][mode], width, spans)
+
+
+def launches(vllm):
+    return vllm.kernels.impl.launches
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("T", [3, 33], ids=["T=3 fused kernel", "T=33 post+GEMM"])
+def test_measured_call_gives_vllms_result_without_vllms_kernels(vllm, monkeypatch, op, T):
+    measure(monkeypatch, op)
+    register()
+    t = make_inputs(T)
+    args, kwargs = call_args(op, t)
+    want = original(vllm, op)(*args, **kwargs)
+    assert launches(vllm), "vLLM's function ran its (stood-in) kernels"
+    launches(vllm).clear()
+    for where in CALLERS[op]:
+        got = hooked(vllm, op, where)(*args, **kwargs)
+        assert not launches(vllm), f"dsv4spec's op served {op} at {where}"
+        assert_like(got, want)
+        assert_like(got, want, tol_against=reference(op, t))
+
+
+@pytest.mark.parametrize("op", ["mhc_pre", "mhc_fused_post_pre"])
+def test_without_norm_weight(vllm, monkeypatch, op):
+    measure(monkeypatch, op)
+    register()
+    t = make_inputs(2, seed=1)
+    args, kwargs = call_args(op, t, norm=False)
+    want = original(vllm, op)(*args, **kwargs)
+    launches(vllm).clear()
+    got = hooked(vllm, op)(*args, **kwargs)
+    assert not launches(vllm)
+    assert_like(got, want, tol_against=reference(op, t, norm=False))
+
+
+def test_mhc_post_takes_a_two_dimensional_post_mix_as_vllm_does(vllm, monkeypatch):
+    measure(monkeypatch, "mhc_post")
+    register()
+    t = make_inputs(2)
+    args = (t["x"], t["residual"], t["post"].squeeze(-1), t["comb"])
+    want = original(vllm, "mhc_post")(*args)
+    launches(vllm).clear()
+    assert_like(hooked(vllm, "mhc_post")(*args), want)
+    assert not launches(vllm)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_unmeasured_width_keeps_vllms_kernels(vllm, op):
+    """The shipped tables hold H = 7168 only: at the test width vLLM's kernels serve."""
+    register()
+    t = make_inputs(2)
+    args, kwargs = call_args(op, t)
+    got = hooked(vllm, op)(*args, **kwargs)
+    assert launches(vllm)
+    launches(vllm).clear()
+    want = original(vllm, op)(*args, **kwargs)
+    for g, w in zip(as_tuple(got), as_tuple(want)):
+        assert torch.equal(g, w)
+
+
+def _aside_cases():
+    return {
+        "T beyond the table": ("mhc_post", dict(T=5), lambda mp: None, (1, 4)),
+        "distinct epsilons": ("mhc_pre", {}, lambda mp: None, None),
+        "float32 norm weight": ("mhc_fused_post_pre", {}, lambda mp: None, None),
+        "batch invariant": ("mhc_post", {}, lambda mp: mp.setenv("VLLM_BATCH_INVARIANT", "1"),
+                            None),
+        "DeepGEMM in use": ("mhc_pre", {}, lambda mp: mp.setattr(mhc_hooks, "_deep_gemm", True),
+                            None),
+        "ROCm": ("hc_head", {}, lambda mp: mp.setattr(hc_head_hooks, "on_rocm", lambda: True),
+                 None),
+        "ROCm (mHC)": ("mhc_post", {}, lambda mp: mp.setattr(mhc_hooks, "on_rocm", lambda: True),
+                       None),
+        "another architecture": ("mhc_fused_post_pre", {}, lambda mp: mp.setattr(
+            mhc_hooks, "gpu_architecture", lambda index: (10, 0)), None),
+        "torch.compile tracing": ("hc_head", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_aside_cases()))
+def test_step_aside_runs_vllms_function(vllm, monkeypatch, case):
+    op, shape, setup, spans = _aside_cases()[case]
+    measure(monkeypatch, op, spans=spans or ((1, 64),))
+    setup(monkeypatch)
+    register()
+    t = make_inputs(shape.get("T", 2))
+    eps = (HC_EPS, HC_EPS * 0.5) if case == "distinct epsilons" else (HC_EPS, HC_EPS)
+    args, kwargs = call_args(op, t, eps=eps)
+    if case == "float32 norm weight":
+        kwargs["norm_weight"] = kwargs["norm_weight"].float()
+    got = hooked(vllm, op)(*args, **kwargs)
+    assert launches(vllm), f"{case}: vLLM's kernels ran"
+    launches(vllm).clear()
+    want = original(vllm, op)(*args, **kwargs)
+    for g, w in zip(as_tuple(got), as_tuple(want)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("op,bad", [
+    ("mhc_post", "float32 residual"), ("mhc_post", "non-contiguous residual"),
+    ("mhc_pre", "hc_mult 2"), ("mhc_fused_post_pre", "empty"), ("hc_head", "float32 input"),
+    ("hc_head", "empty"), ("mhc_pre", "extra leading dimension"),
+])
+def test_inputs_outside_the_ops_step_aside(vllm, monkeypatch, op, bad):
+    measure(monkeypatch, op)
+    register()
+    t = make_inputs(0 if bad == "empty" else 2, hc=2 if bad == "hc_mult 2" else 4)
+    r = t["residual"]
+    if bad in ("float32 residual", "float32 input"):
+        t["residual"] = r.float()
+    elif bad == "non-contiguous residual":
+        t["residual"] = r.transpose(1, 2).contiguous().transpose(1, 2)
+    elif bad == "extra leading dimension":
+        t["residual"] = r.unsqueeze(0)
+    fast = getattr(mhc_hooks if op != "hc_head" else hc_head_hooks, f"fast_{op}")
+    args, kwargs = call_args(op, t)
+    from dsv4spec.integrations.hooks import STEP_ASIDE
+
+    assert fast(*args, **kwargs) is STEP_ASIDE
+
+
+def test_rejected_inputs_step_aside_with_one_warning(vllm, monkeypatch, caplog):
+    """Inputs that pass the hook's checks but that the op refuses (a float64 comb): vLLM's
+    function serves them, one warning, and the hook stays on."""
+    measure(monkeypatch, "mhc_post")
+    register()
+    t = make_inputs(2)
+    t["comb"] = t["comb"].double()
+    args = (t["x"], t["residual"], t["post"], t["comb"].float())
+    calls = []
+    monkeypatch.setattr(mhc_hooks, "mhc_post",
+                        lambda *a, **k: calls.append(1) or (_ for _ in ()).throw(
+                            ValueError("comb must be float32")))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        hooked(vllm, "mhc_post")(*args)
+        hooked(vllm, "mhc_post")(*args)
+    assert calls == [1, 1]
+    assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1
+    assert plugin.installed()["mhc_post"].enabled
+
+
+_FAULT_TARGETS = {"mhc_pre": (mhc_hooks, "mhc_pre"), "mhc_post": (mhc_hooks, "mhc_post"),
+                  "mhc_fused_post_pre": (mhc_hooks, "mhc_post_pre"),
+                  "hc_head": (hc_head_hooks, "hc_head")}
+
+
+@pytest.mark.parametrize("make_error", FAULTS)
+@pytest.mark.parametrize("op", OPS)
+def test_failure_runs_vllm_and_switches_the_hook_off(vllm, monkeypatch, caplog, op, make_error):
+    measure(monkeypatch, op)
+    calls = []
+
+    def fail(*args, **kwargs):
+        calls.append(1)
+        raise make_error()
+
+    monkeypatch.setattr(*_FAULT_TARGETS[op], fail)
+    register()
+    t = make_inputs(2)
+    args, kwargs = call_args(op, t)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        first = hooked(vllm, op)(*args, **kwargs)
+        second = hooked(vllm, op, CALLERS[op][-1])(*args, **kwargs)
+    assert calls == [1], "the op ran once, then the hook stayed off in every module"
+    want = original(vllm, op)(*args, **kwargs)
+    for g in (first, second):
+        for a, b in zip(as_tuple(g), as_tuple(want)):
+            assert torch.equal(a, b)
+    records = [r for r in caplog.records if "hook failed" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert records[0].exc_info is not None and records[0].exc_info[0] is type(make_error())
+    assert not plugin.installed()[op].enabled
+
+
+def test_exceptions_of_vllms_own_function_propagate(vllm, monkeypatch):
+    """An exception raised by vLLM's function (here its own shape assertion, where the hook
+    steps aside) is vLLM's: it reaches the caller and the hook stays on."""
+    register()
+    t = make_inputs(2)
+    args, kwargs = call_args("mhc_fused_post_pre", t)
+    bad = (args[0][:, :-1], *args[1:])
+    with pytest.raises(AssertionError):
+        hooked(vllm, "mhc_fused_post_pre")(*bad, **kwargs)
+    assert plugin.installed()["mhc_fused_post_pre"].enabled
+
+
+@pytest.mark.parametrize("op", ["mhc_post", "mhc_fused_post_pre"])
+def test_capture_rule(vllm, monkeypatch, op):
+    """Inside a capture only a shape compiled eagerly runs ours; a shape the graph table gives
+    to dsv4spec and the eager table to vLLM is launched once eagerly (dropped) to compile it."""
+    measure(monkeypatch, op, modes=("graph",))
+    capturing = [False]
+    monkeypatch.setattr(mhc_hooks, "_capturing", lambda index: capturing[0])
+    register()
+    first, second = make_inputs(2, seed=3), make_inputs(3, seed=4)
+    fn = hooked(vllm, op)
+    capturing[0] = True
+    args, kwargs = call_args(op, first)
+    fn(*args, **kwargs)
+    assert launches(vllm), "a first sight inside a capture keeps vLLM's kernels"
+    launches(vllm).clear()
+    capturing[0] = False
+    args, kwargs = call_args(op, second)
+    fn(*args, **kwargs)  # eager: vLLM's serves, ours is compiled on the side
+    assert launches(vllm) and mhc_hooks._compiled
+    launches(vllm).clear()
+    capturing[0] = True
+    got = fn(*args, **kwargs)
+    assert not launches(vllm), "compiled before the capture: ours is captured"
+    assert_like(got, original(vllm, op)(*args, **kwargs), tol_against=reference(op, second))
+
+
+def test_hc_head_first_sight_inside_a_capture_steps_aside(vllm, monkeypatch):
+    measure(monkeypatch, "hc_head")
+    monkeypatch.setattr(hc_head_hooks, "stream_capturing", lambda index: True)
+    monkeypatch.setattr(hc_head_hooks.torch.Tensor, "get_device", lambda self: 0)
+    register()
+    t = make_inputs(2)
+    args, _ = call_args("hc_head", t)
+    from dsv4spec.integrations.hooks import STEP_ASIDE
+
+    assert hc_head_hooks.fast_hc_head(*args) is STEP_ASIDE
+    assert not hc_head_hooks._ready, "nothing decided (or compiled) inside the capture"
+
+
+@pytest.mark.parametrize("T,kernels", [(3, ["fused", "big_fuse"]),
+                                       (33, ["post", "prenorm_gemm", "big_fuse"])])
+def test_vllms_boundary_takes_its_two_paths(vllm, T, kernels):
+    """The stand-ins run under vLLM's own dispatch: one fused launch up to 32 tokens, post +
+    GEMM above (so both of vLLM's paths are what the hook is compared with)."""
+    args, kwargs = call_args("mhc_fused_post_pre", make_inputs(T))
+    original(vllm, "mhc_fused_post_pre")(*args, **kwargs)
+    assert launches(vllm) == kernels

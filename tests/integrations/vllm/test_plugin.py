@@ -1,0 +1,160 @@
+"""Registration: what :func:`register` patches, when, how often, and what it never touches."""
+
+import importlib
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dsv4spec.integrations.vllm import plugin, register
+
+from . import standins
+from .conftest import NAMES
+
+LOGGER = "dsv4spec.integrations.vllm"
+
+
+def targets(modules=plugin.MODEL_MODULES, hooks=None):
+    return sorted(f"{module}.{hook.attr}" for hook in plugin.HOOKS for module in modules
+                  if module in plugin.BOUND_IN[hook.name] and (hooks is None or hook.name in hooks))
+
+
+def bound(vllm):
+    """module -> name -> the function the module binds now."""
+    return {m: {name: getattr(mod, name) for name in vars(mod) if name.endswith("_tilelang")}
+            for m, mod in vllm.models.items()}
+
+
+def test_register_patches_the_bound_names_of_imported_modules(vllm):
+    before = bound(vllm)
+    assert sorted(register()) == targets()
+    after = bound(vllm)
+    for module, names in after.items():
+        for name, fn in names.items():
+            hooked = any(name == hook.attr and module in plugin.BOUND_IN[hook.name]
+                         for hook in plugin.HOOKS)
+            assert plugin.is_hooked(fn) == hooked, f"{module}.{name}"
+            if hooked:
+                assert fn.__wrapped__ is before[module][name]
+                assert fn.__name__ == name and fn.__module__ == plugin.KERNELS_MODULE
+            else:
+                assert fn is before[module][name]
+    assert len({id(g) for g in plugin.installed().values()}) == len(plugin.HOOKS)
+    # vLLM's kernels module keeps its own functions: other models call them
+    for hook in plugin.HOOKS:
+        assert not plugin.is_hooked(getattr(vllm.peer.module, hook.attr))
+
+
+def test_register_twice_patches_nothing_twice(vllm):
+    first = register()
+    functions = bound(vllm)
+    guards = plugin.installed()
+    assert sorted(register()) == sorted(first)
+    assert bound(vllm) == functions and plugin.installed() == guards
+    for names in functions.values():
+        for fn in names.values():
+            assert not plugin.is_hooked(getattr(fn, "__wrapped__", None))
+
+
+def test_one_guard_per_hook_shared_by_the_modules(vllm):
+    register()
+    guard = plugin.installed()["mhc_post"]
+    for module in plugin.BOUND_IN["mhc_post"]:
+        assert getattr(vllm.models[module], NAMES["mhc_post"])._dsv4spec_guard is guard
+
+
+@pytest.mark.parametrize("switch,left", [
+    ("DSV4SPEC_VLLM", ()),
+    ("DSV4SPEC_VLLM_HC_HEAD", ("mhc_pre", "mhc_post", "mhc_fused_post_pre")),
+    ("DSV4SPEC_VLLM_MHC", ("hc_head",)),
+])
+@pytest.mark.parametrize("value", ["0", "off", "False"])
+def test_switches_leave_vllms_functions_untouched(vllm, monkeypatch, caplog, switch, left,
+                                                  value):
+    monkeypatch.setenv(switch, value)
+    before = bound(vllm)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert sorted(register()) == targets(hooks=left)
+    after = bound(vllm)
+    for module, names in after.items():
+        for name, fn in names.items():
+            if not plugin.is_hooked(fn):
+                assert fn is before[module][name]
+    assert set(plugin.installed()) == set(left)
+    assert f"{switch}=0" in caplog.text
+
+
+def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
+    """The plugin runs before vLLM imports DeepSeek-V4 (a worker's ``load_model``): the model
+    modules are patched when they execute."""
+    package = "vllm.models.deepseek_v4.nvidia"
+    for name in plugin.MODEL_MODULES:
+        del sys.modules[name]
+        source = "\n".join(ast_unparse(node) for node in
+                           standins.model_imports(standins.MODEL_FILES[name]))
+        (tmp_path / f"{name.rsplit('.', 1)[1]}.py").write_text(source + "\n")
+    sys.modules[package].__path__ = [str(tmp_path)]
+    assert register() == []
+    assert plugin._watcher in sys.meta_path
+    for name in plugin.MODEL_MODULES:
+        module = importlib.import_module(name)
+        for hook in plugin.HOOKS:
+            if name in plugin.BOUND_IN[hook.name]:
+                fn = getattr(module, hook.attr)
+                assert plugin.is_hooked(fn)
+                assert fn.__wrapped__ is getattr(vllm.peer.module, hook.attr)
+    assert sorted(register()) == targets()
+    assert plugin._watcher.find_spec("os", None) is None, "other imports are not touched"
+
+
+def ast_unparse(node):
+    import ast
+
+    return ast.unparse(node)
+
+
+def test_a_changed_target_is_skipped_with_a_warning(vllm, caplog):
+    model = vllm.model
+
+    def mhc_post_tilelang(x, residual, post_layer_mix, comb_res_mix, extra=None):
+        return None
+
+    mhc_post_tilelang.__module__ = plugin.KERNELS_MODULE
+    model.mhc_post_tilelang = mhc_post_tilelang
+    model.hc_head_fused_kernel_tilelang = lambda *a: None  # not vLLM's function
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        patched = register()
+    assert f"{plugin.TARGET_MODULE}.mhc_post_tilelang" not in patched
+    assert f"{plugin.TARGET_MODULE}.hc_head_fused_kernel_tilelang" not in patched
+    assert model.mhc_post_tilelang is mhc_post_tilelang
+    assert f"{plugin.MTP_MODULE}.mhc_post_tilelang" in patched
+    assert sum("hook skipped" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_register_never_raises(vllm, monkeypatch, caplog):
+    def broken():
+        raise ImportError("no module named dsv4spec.kernels.mhc")
+
+    monkeypatch.setattr(plugin, "_register", broken)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert register() == []
+    assert "vLLM plugin not installed" in caplog.text
+    for module, names in bound(vllm).items():
+        assert not any(plugin.is_hooked(fn) for fn in names.values())
+
+
+def test_import_and_register_import_nothing_of_vllm():
+    code = textwrap.dedent("""
+        import sys
+        import dsv4spec, dsv4spec.integrations.vllm
+        assert not [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]
+        from dsv4spec.integrations.vllm import register
+        assert register() == []
+        assert not [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
