@@ -45,9 +45,10 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # Where dsv4spec's hc_head beat SGLang's fused_hc_head, per GPU architecture (compute capability),
 # mode ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager
 # call, both measured side by side) and hidden size: inclusive token ranges, read from the
-# measured-faster tables (dsv4spec.integrations.tables: the GPU's file). The H200's source: benchmarks/results/hc_head_tensor_cores.md (H200, 2026-11-29, provider
-# "sglang": SGLang / ours 3.7-14.1x in a graph, 1.2-3.9x eager), T in {1, 4, 16, 64, 256, 1024,
-# 4096}. Anything else (other architectures and widths, T > 4096) keeps SGLang's path.
+# measured-faster tables (dsv4spec.integrations.tables: the GPU's file). The H200's source:
+# benchmarks/results/hc_head_tensor_cores.md (H200, 2026-11-29, provider "sglang": SGLang / ours
+# 3.7-14.1x in a graph, 1.2-3.9x eager), T in {1, 4, 16, 64, 256, 1024, 4096}. Anything else
+# (other architectures and widths, T > 4096) keeps SGLang's path.
 TARGET_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "target_hc_head")
 # Architectures where the draft hook's kernel was measured against the draft's eager chain
 # (results/hc_head_tensor_cores.md, provider "eager").
