@@ -19,7 +19,7 @@ COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
 # bench name -> module under dsv4spec.bench
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc",
-              "plugin": "plugin", "metadata": "metadata"}
+              "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
 EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
