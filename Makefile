@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q orjson psutil pybase64 requests starlette msgspec pydantic pyzmq ipython aiohttp
 	touch $@
 
-$(VLLM_SRC)/.unpacked: | $(VENV)/.installed
+$(VLLM_SRC)/.unpacked: src/dsv4spec/integrations/vllm/source.py | $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps vllm==$(VLLM_VERSION) -d $(VLLM_WHEELS)
 	rm -rf $(VLLM_SRC)
 	$(PY) -m dsv4spec.integrations.vllm.source $(VLLM_WHEELS)/vllm-$(VLLM_VERSION)-*.whl $(VLLM_SRC)

@@ -34,6 +34,7 @@ NEEDED = (
     "vllm/config/vllm.py",  # DSV4's compilation and CUDA-graph defaults
     "vllm/compilation/breakable_cudagraph.py",
     "vllm/plugins/__init__.py",  # how general plugins are loaded
+    "vllm/v1/spec_decode/llm_base_proposer.py",  # the MTP draft passes of one step
 )
 
 
