@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from dsv4spec.kernels.device import round_to
 from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -227,17 +228,6 @@ def _hc_head_partials_mma_kernel(
 
 
 @triton.jit
-def _round_to(y, DTYPE: tl.constexpr):
-    # fp32 -> DTYPE, round to nearest even. Triton 3.6's interpreter truncates fp32 -> bf16, so
-    # bf16 is rounded by hand (then the cast is exact): the interpreter and the GPU agree.
-    if DTYPE == tl.bfloat16:
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-        y = bits.to(tl.float32, bitcast=True)
-    return y.to(DTYPE)
-
-
-@triton.jit
 def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
     return tl.sum(tl.load(ws_ptr + SLOT * stride_wk + offs_s, mask=mask_s, other=0.0), axis=0)
 
@@ -292,7 +282,7 @@ def _hc_head_finalize_kernel(
     w3 = tl.sigmoid(_total(ws, 3, stride_wk, offs_s, mask_s) * r * scale + b3) + hc_eps
     y = w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
     # hc_head returns x.dtype; the RMSNorm then runs on that rounded y, as in the reference.
-    y = _round_to(y, out_ptr.dtype.element_ty)
+    y = round_to(y, out_ptr.dtype.element_ty)
     if RMSNORM:
         g01 = _total(ws, 8, stride_wk, offs_s, mask_s)
         g02 = _total(ws, 9, stride_wk, offs_s, mask_s)
@@ -306,7 +296,7 @@ def _hc_head_finalize_kernel(
         yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
                      + w2 * w3 * g23)
         rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
-        y = _round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
+        y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
 
 

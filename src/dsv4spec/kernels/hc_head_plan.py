@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4spec.kernels import on_rocm
+from dsv4spec.kernels.device import num_sms, supports_pdl  # noqa: F401 - the planner's
 
 
 @triton.jit
@@ -34,25 +34,6 @@ def _interpreter_multiplies_bf16() -> bool:
     out = torch.empty((16, 16), dtype=torch.float32)
     _bf16_dot_probe_kernel[(1,)](a, out)
     return bool((out == 4.0).all())
-
-
-@functools.lru_cache(maxsize=None)
-def supports_pdl(device_index: int) -> bool:
-    """Whether CUDA device ``device_index`` can launch a kernel as a programmatic dependent launch
-    (``-1``, the interpreter: no). Shared with the mHC planner (kernels/mhc.py)."""
-    # griddepcontrol is NVIDIA's, from sm_90; not in the interpreter, not on ROCm (whose
-    # capability numbers mean something else: an MI300 reports 9.4)
-    return (device_index >= 0 and not on_rocm()
-            and torch.cuda.get_device_capability(device_index)[0] >= 9)
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms(device_index: int) -> int:
-    """The streaming multiprocessors of CUDA device ``device_index``, which the split counts fill;
-    132 (an H200's) for ``-1``, the interpreter. Shared with the mHC planner (kernels/mhc.py)."""
-    if device_index < 0:
-        return 132  # the interpreter (CPU tensors): mirror an H200's grid
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 class HcHeadConfig(NamedTuple):

@@ -38,8 +38,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.hc_head import _round_to
-from dsv4spec.kernels.hc_head_plan import num_sms, supports_pdl
+from dsv4spec.kernels.device import num_sms, round_to, supports_pdl
+from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 
@@ -48,6 +48,10 @@ NMIX = (2 + HC) * HC  # 24 rows of fn: pre 0-3, post 4-7, comb 8-23
 SLOT_DIAG = NMIX  # ws slots 24-27: diagonal of G; 28-33: (01, 02, 03, 12, 13, 23)
 # The finalize as a programmatic dependent launch up to this many tokens (hc_head's bound)
 PDL_MAX_TOKENS = 16
+# mhc_post as a programmatic dependent launch (sm_90+)
+POST_PDL = False
+# bf16 streams from this many tokens: the partials on tensor cores
+MMA_MIN_TOKENS = 64
 
 
 @triton.jit
@@ -55,7 +59,7 @@ def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
     # x'_j = post_j f + sum_i comb[i, j] x_i, rounded to the stream dtype (then exact in fp32);
     # the same expression in the boundary's partials and in mhc_post
     v = p * fv + (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3)
-    return _round_to(v, DTYPE)
+    return round_to(v, DTYPE)
 
 
 @triton.jit
@@ -63,9 +67,10 @@ def _mhc_partials_kernel(
     x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
     POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_FN: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
-    if PDL:  # let the finalize start now: it loads its parameters, then waits for these
+    if PDL and not WAIT:  # let the finalize start now: it loads what it can, then waits
         gdc_launch_dependents()
     # Every tensor is 3-D [token, row of fn, h] from its pointers on, so broadcasting x against
     # fn needs no layout conversion; the 24 dots accumulate as FMAs into one [BLOCK_T, 32,
@@ -79,6 +84,18 @@ def _mhc_partials_kernel(
     r3 = tl.arange(0, 32)[None, :, None]
     fn_rows = fn_ptr + r3 * stride_fn
     mask_r3 = r3 < 24  # NMIX
+    if PREFETCH_FN:  # one chunk per split: its fn columns (a weight) before anything else
+        hp = (split * BLOCK_K + tl.arange(0, BLOCK_K))[None, None, :]
+        fp = fn_rows + hp
+        fpmask = mask_r3 & (hp < H)
+        fa0 = tl.load(fp, mask=fpmask, other=0.0)
+        fa1 = tl.load(fp + H, mask=fpmask, other=0.0)
+        fa2 = tl.load(fp + 2 * H, mask=fpmask, other=0.0)
+        fa3 = tl.load(fp + 3 * H, mask=fpmask, other=0.0)
+    if WAIT:  # a programmatic dependent launch: every input but fn and every write waits here
+        gdc_wait()
+        if PDL:  # after the wait, so the finalize's early loads of x never see it half-written
+            gdc_launch_dependents()
     if POST:  # the previous layer's post and comb, per token: [BLOCK_T, 1, 1]
         pp = post_ptr + t3 * 4
         p0 = tl.load(pp, mask=mask_t3, other=0.0)
@@ -137,11 +154,15 @@ def _mhc_partials_kernel(
             x1 = n1.to(tl.float32)
             x2 = n2.to(tl.float32)
             x3 = n3.to(tl.float32)
-        fmask = mask_r3 & mask_h3
-        f = fn_rows + h3
-        acc += (x0 * tl.load(f, mask=fmask, other=0.0) + x1 * tl.load(f + H, mask=fmask, other=0.0)
-                + x2 * tl.load(f + 2 * H, mask=fmask, other=0.0)
-                + x3 * tl.load(f + 3 * H, mask=fmask, other=0.0))
+        if PREFETCH_FN:
+            acc += x0 * fa0 + x1 * fa1 + x2 * fa2 + x3 * fa3
+        else:
+            fmask = mask_r3 & mask_h3
+            f = fn_rows + h3
+            acc += (x0 * tl.load(f, mask=fmask, other=0.0)
+                    + x1 * tl.load(f + H, mask=fmask, other=0.0)
+                    + x2 * tl.load(f + 2 * H, mask=fmask, other=0.0)
+                    + x3 * tl.load(f + 3 * H, mask=fmask, other=0.0))
         g00 += x0 * x0
         g11 += x1 * x1
         g22 += x2 * x2
@@ -167,6 +188,137 @@ def _mhc_partials_kernel(
         tl.store(ws + 31 * stride_wk, tl.sum(g12, axis=2)[:, :, None], mask=mask_t3)
         tl.store(ws + 32 * stride_wk, tl.sum(g13, axis=2)[:, :, None], mask=mask_t3)
         tl.store(ws + 33 * stride_wk, tl.sum(g23, axis=2)[:, :, None], mask=mask_t3)
+
+
+@triton.jit
+def _fn_columns(fn_ptr, stride_fn, offs_h, mask_h, J0: tl.constexpr, H):
+    # fn's rows J0..J0+7 by stream as a [BLOCK_K, 32] tile, column c = (j - J0, i) holding
+    # fn[j, i * H + h], in three bf16 parts: hi + mid + lo carry fp32's 24 bits, so bf16 x times
+    # each part is exact and the tensor cores add in fp32
+    offs_c = tl.arange(0, 32)
+    f = tl.load(fn_ptr + (J0 + offs_c[None, :] // 4) * stride_fn + (offs_c[None, :] % 4) * H
+                + offs_h[:, None], mask=mask_h[:, None], other=0.0)
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    return hi, mid, lo
+
+
+@triton.jit
+def _stream_dots(acc, ROWS: tl.constexpr, BLOCK_T: tl.constexpr):
+    # [ROWS, 32] products of rows (t, i) with columns (j, i') -> the [BLOCK_T, 8] dots: keep
+    # i' = i, sum over i
+    offs_r = tl.arange(0, ROWS)
+    offs_c = tl.arange(0, 32)
+    same = (offs_c[None, :] % 4) == (offs_r[:, None] % 4)
+    mix = tl.sum(tl.reshape(tl.where(same, acc, 0.0), [ROWS, 8, 4]), axis=2)
+    return tl.sum(tl.reshape(mix, [BLOCK_T, 4, 8]), axis=1)
+
+
+@triton.jit
+def _mhc_partials_mma_kernel(
+    x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
+    T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
+    POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # Launch 1 on tensor cores for bf16 streams (prefill sizes), arranged as hc_head's: a tile
+    # of 4 * BLOCK_T rows r = (t, i) of x times [BLOCK_K, 32] tiles of fn whose column (j, i')
+    # holds fn[j, i' * H + h] (three tiles for the 24 rows), in three bf16 parts; the columns
+    # with i' = i are stream i's share of dot j. Each chunk's products start from zero
+    # (smallest part first) and the chunks add up in fp32 registers. The tile times its own
+    # transpose gives the Gram sums. With POST the program first forms its slice of the new
+    # residual with CUDA cores, stores it and reads it back as the row tile (after a barrier:
+    # the rows cross threads). Same workspace slots as _mhc_partials_kernel.
+    ROWS: tl.constexpr = 4 * BLOCK_T
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    t0 = (pid // NUM_SPLITS) * BLOCK_T
+    offs_r = tl.arange(0, ROWS)
+    offs_t = t0 + offs_r // 4
+    mask_r = offs_t < T
+    rows = offs_t * (4 * H) + (offs_r % 4) * H  # element offsets of rows (t, i)
+    if POST:  # 2-D [BLOCK_T, 1] per-token weights and [BLOCK_T, BLOCK_K] stream tiles
+        tt = (t0 + tl.arange(0, BLOCK_T))[:, None]
+        mt = tt < T
+        pp = post_ptr + tt * 4
+        p0 = tl.load(pp, mask=mt, other=0.0)
+        p1 = tl.load(pp + 1, mask=mt, other=0.0)
+        p2 = tl.load(pp + 2, mask=mt, other=0.0)
+        p3 = tl.load(pp + 3, mask=mt, other=0.0)
+        cp = comb_ptr + tt * 16
+        c00 = tl.load(cp, mask=mt, other=0.0)
+        c01 = tl.load(cp + 1, mask=mt, other=0.0)
+        c02 = tl.load(cp + 2, mask=mt, other=0.0)
+        c03 = tl.load(cp + 3, mask=mt, other=0.0)
+        c10 = tl.load(cp + 4, mask=mt, other=0.0)
+        c11 = tl.load(cp + 5, mask=mt, other=0.0)
+        c12 = tl.load(cp + 6, mask=mt, other=0.0)
+        c13 = tl.load(cp + 7, mask=mt, other=0.0)
+        c20 = tl.load(cp + 8, mask=mt, other=0.0)
+        c21 = tl.load(cp + 9, mask=mt, other=0.0)
+        c22 = tl.load(cp + 10, mask=mt, other=0.0)
+        c23 = tl.load(cp + 11, mask=mt, other=0.0)
+        c30 = tl.load(cp + 12, mask=mt, other=0.0)
+        c31 = tl.load(cp + 13, mask=mt, other=0.0)
+        c32 = tl.load(cp + 14, mask=mt, other=0.0)
+        c33 = tl.load(cp + 15, mask=mt, other=0.0)
+    acc0 = tl.zeros([ROWS, 32], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS, 32], dtype=tl.float32)
+    acc2 = tl.zeros([ROWS, 32], dtype=tl.float32)
+    gram = tl.zeros([ROWS, ROWS], dtype=tl.float32)
+    for c in range(0, CHUNKS_PER_SPLIT):
+        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        if POST:
+            hh = offs_h[None, :]
+            m2 = mt & (hh < H)
+            o2 = tt * (4 * H) + hh
+            fv = tl.load(f_ptr + tt * H + hh, mask=m2, other=0.0).to(tl.float32)
+            y0 = tl.load(x_ptr + o2, mask=m2, other=0.0).to(tl.float32)
+            y1 = tl.load(x_ptr + o2 + H, mask=m2, other=0.0).to(tl.float32)
+            y2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0).to(tl.float32)
+            y3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0).to(tl.float32)
+            dt = xnew_ptr.dtype.element_ty
+            tl.store(xnew_ptr + o2, _mix(p0, c00, c10, c20, c30, fv, y0, y1, y2, y3, dt),
+                     mask=m2)
+            tl.store(xnew_ptr + o2 + H, _mix(p1, c01, c11, c21, c31, fv, y0, y1, y2, y3, dt),
+                     mask=m2)
+            tl.store(xnew_ptr + o2 + 2 * H,
+                     _mix(p2, c02, c12, c22, c32, fv, y0, y1, y2, y3, dt), mask=m2)
+            tl.store(xnew_ptr + o2 + 3 * H,
+                     _mix(p3, c03, c13, c23, c33, fv, y0, y1, y2, y3, dt), mask=m2)
+            tl.debug_barrier()
+            xt = tl.load(xnew_ptr + rows[:, None] + offs_h[None, :],
+                         mask=mask_r[:, None] & mask_h[None, :], other=0.0)
+        else:
+            xt = tl.load(x_ptr + rows[:, None] + offs_h[None, :],
+                         mask=mask_r[:, None] & mask_h[None, :], other=0.0)
+        hi, mid, lo = _fn_columns(fn_ptr, stride_fn, offs_h, mask_h, 0, H)
+        acc0 += tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
+        hi, mid, lo = _fn_columns(fn_ptr, stride_fn, offs_h, mask_h, 8, H)
+        acc1 += tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
+        hi, mid, lo = _fn_columns(fn_ptr, stride_fn, offs_h, mask_h, 16, H)
+        acc2 += tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
+        gram += tl.dot(xt, tl.trans(xt))
+    # ws[t, slot, split]: dots 0-23, diagonal of G 24-27, its upper half 28-33
+    tb = t0 + tl.arange(0, BLOCK_T)
+    jj = tl.arange(0, 8)
+    wt = ws_ptr + tb[:, None] * stride_wt + split + jj[None, :] * stride_wk
+    mask_tb = (tb < T)[:, None]
+    tl.store(wt, _stream_dots(acc0, ROWS, BLOCK_T), mask=mask_tb)
+    tl.store(wt + 8 * stride_wk, _stream_dots(acc1, ROWS, BLOCK_T), mask=mask_tb)
+    tl.store(wt + 16 * stride_wk, _stream_dots(acc2, ROWS, BLOCK_T), mask=mask_tb)
+    ii = offs_r[:, None] % 4
+    kk = tl.arange(0, 4)[None, :]
+    same_token = (offs_r[:, None] // 4) == (offs_r[None, :] // 4)
+    g = tl.sum(tl.reshape(tl.where(same_token, gram, 0.0), [ROWS, BLOCK_T, 4]), axis=1)
+    # g[(t, i), j] = G_ij of token t
+    slot = tl.where(ii == kk, 24 + ii, 28 + ii * (7 - ii) // 2 + kk - ii - 1)
+    keep = (ii == kk) | (GRAM & (ii < kk))
+    ws_rows = ws_ptr + offs_t * stride_wt + split
+    tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
 
 
 @triton.jit
@@ -206,8 +358,7 @@ def _inverse4(a, b, c, d, FAST_MATH: tl.constexpr):
 
 
 @triton.jit
-def _softmax_row(tile, r, s2, base_ptr, SLOT: tl.constexpr, eps):
-    l0, l1, l2, l3 = _sum4(tile)
+def _softmax_row(l0, l1, l2, l3, r, s2, base_ptr, SLOT: tl.constexpr, eps):
     l0 = l0 * r * s2 + tl.load(base_ptr + SLOT)
     l1 = l1 * r * s2 + tl.load(base_ptr + SLOT + 1)
     l2 = l2 * r * s2 + tl.load(base_ptr + SLOT + 2)
@@ -227,10 +378,26 @@ def _store4(ptr, a, b, c, d):
 
 
 @triton.jit
-def _rstd_of_streams(diag, H, rms_eps):
-    g00, g11, g22, g33 = _sum4(diag)
-    r = 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + rms_eps)
-    return r, g00, g11, g22, g33
+def _rstd_of_streams(g00, g11, g22, g33, H, rms_eps):
+    return 1.0 / tl.sqrt((g00 + g11 + g22 + g33) / (4 * H) + rms_eps)
+
+
+@triton.jit
+def _rows4(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s, N: tl.constexpr):
+    # slots SLOT..SLOT+N-1 (N <= 4) of every split as four [BLOCK_S] vectors (zeros past N)
+    p = ws_ptr + SLOT * stride_wk + offs_s
+    return (tl.load(p, mask=mask_s, other=0.0),
+            tl.load(p + stride_wk, mask=mask_s & (N > 1), other=0.0),
+            tl.load(p + 2 * stride_wk, mask=mask_s & (N > 2), other=0.0),
+            tl.load(p + 3 * stride_wk, mask=mask_s & (N > 3), other=0.0))
+
+
+@triton.jit
+def _sum_rows4(a, b, c, d):
+    # four independent one-axis sums: with one warp each is in-thread adds and five shuffles,
+    # and nothing orders them, so they overlap (a [4, BLOCK_S] tile's sum, then four masked
+    # sums of the result, is five reductions in a chain)
+    return tl.sum(a, axis=0), tl.sum(b, axis=0), tl.sum(c, axis=0), tl.sum(d, axis=0)
 
 
 @triton.jit
@@ -239,6 +406,7 @@ def _mhc_finalize_kernel(
     T, H, NUM_SPLITS, NUM_HBLOCKS, rms_eps, hc_eps, norm_eps, post_mult, stride_wt, stride_wk,
     SINKHORN_ITERS: tl.constexpr, RMSNORM: tl.constexpr, X_EARLY: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, FAST_MATH: tl.constexpr,
+    VECTOR_SUMS: tl.constexpr,
 ):
     # 1 + NUM_HBLOCKS programs per token: q = 0 writes post and comb, q >= 1 the H-block q - 1
     # of layer_input. Each reduces only the partials it needs, so no program runs the ~24
@@ -251,19 +419,41 @@ def _mhc_finalize_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < NUM_SPLITS
     ws = ws_ptr + t * stride_wt
+    if PDL:  # the next boundary's partials may load their fn now: they wait for this launch
+        gdc_launch_dependents()
     if q == 0:
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
         if PDL:
             gdc_wait()
-        diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
-        post = _tile4(ws, 4, stride_wk, offs_s, mask_s, 4)
-        row0 = _tile4(ws, 8, stride_wk, offs_s, mask_s, 4)
-        row1 = _tile4(ws, 12, stride_wk, offs_s, mask_s, 4)
-        row2 = _tile4(ws, 16, stride_wk, offs_s, mask_s, 4)
-        row3 = _tile4(ws, 20, stride_wk, offs_s, mask_s, 4)
-        r, g00, g11, g22, g33 = _rstd_of_streams(diag, H, rms_eps)
-        l0, l1, l2, l3 = _sum4(post)
+        # every load issued before any reduction (a warp issues in order)
+        if VECTOR_SUMS:
+            qd0, qd1, qd2, qd3 = _rows4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            qp0, qp1, qp2, qp3 = _rows4(ws, 4, stride_wk, offs_s, mask_s, 4)
+            qa0, qa1, qa2, qa3 = _rows4(ws, 8, stride_wk, offs_s, mask_s, 4)
+            qb0, qb1, qb2, qb3 = _rows4(ws, 12, stride_wk, offs_s, mask_s, 4)
+            qe0, qe1, qe2, qe3 = _rows4(ws, 16, stride_wk, offs_s, mask_s, 4)
+            qh0, qh1, qh2, qh3 = _rows4(ws, 20, stride_wk, offs_s, mask_s, 4)
+            g00, g11, g22, g33 = _sum_rows4(qd0, qd1, qd2, qd3)
+            l0, l1, l2, l3 = _sum_rows4(qp0, qp1, qp2, qp3)
+            m00, m01, m02, m03 = _sum_rows4(qa0, qa1, qa2, qa3)
+            m10, m11, m12, m13 = _sum_rows4(qb0, qb1, qb2, qb3)
+            m20, m21, m22, m23 = _sum_rows4(qe0, qe1, qe2, qe3)
+            m30, m31, m32, m33 = _sum_rows4(qh0, qh1, qh2, qh3)
+        else:
+            diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            post = _tile4(ws, 4, stride_wk, offs_s, mask_s, 4)
+            row0 = _tile4(ws, 8, stride_wk, offs_s, mask_s, 4)
+            row1 = _tile4(ws, 12, stride_wk, offs_s, mask_s, 4)
+            row2 = _tile4(ws, 16, stride_wk, offs_s, mask_s, 4)
+            row3 = _tile4(ws, 20, stride_wk, offs_s, mask_s, 4)
+            g00, g11, g22, g33 = _sum4(diag)
+            l0, l1, l2, l3 = _sum4(post)
+            m00, m01, m02, m03 = _sum4(row0)
+            m10, m11, m12, m13 = _sum4(row1)
+            m20, m21, m22, m23 = _sum4(row2)
+            m30, m31, m32, m33 = _sum4(row3)
+        r = _rstd_of_streams(g00, g11, g22, g33, H, rms_eps)
         pp = post_ptr + t * 4
         tl.store(pp, post_mult * tl.sigmoid(l0 * r * s1 + tl.load(base_ptr + 4)))
         tl.store(pp + 1, post_mult * tl.sigmoid(l1 * r * s1 + tl.load(base_ptr + 5)))
@@ -271,10 +461,10 @@ def _mhc_finalize_kernel(
         tl.store(pp + 3, post_mult * tl.sigmoid(l3 * r * s1 + tl.load(base_ptr + 7)))
         # 16 scalars per thread, no cross-thread traffic: 4 x 4 tensors cost a shuffle or a
         # barrier per reduction, 80 of them in 20 passes
-        c00, c01, c02, c03 = _softmax_row(row0, r, s2, base_ptr, 8, hc_eps)
-        c10, c11, c12, c13 = _softmax_row(row1, r, s2, base_ptr, 12, hc_eps)
-        c20, c21, c22, c23 = _softmax_row(row2, r, s2, base_ptr, 16, hc_eps)
-        c30, c31, c32, c33 = _softmax_row(row3, r, s2, base_ptr, 20, hc_eps)
+        c00, c01, c02, c03 = _softmax_row(m00, m01, m02, m03, r, s2, base_ptr, 8, hc_eps)
+        c10, c11, c12, c13 = _softmax_row(m10, m11, m12, m13, r, s2, base_ptr, 12, hc_eps)
+        c20, c21, c22, c23 = _softmax_row(m20, m21, m22, m23, r, s2, base_ptr, 16, hc_eps)
+        c30, c31, c32, c33 = _softmax_row(m30, m31, m32, m33, r, s2, base_ptr, 20, hc_eps)
         c00, c10, c20, c30 = _normalise(c00, c10, c20, c30, hc_eps)
         c01, c11, c21, c31 = _normalise(c01, c11, c21, c31, hc_eps)
         c02, c12, c22, c32 = _normalise(c02, c12, c22, c32, hc_eps)
@@ -354,29 +544,43 @@ def _mhc_finalize_kernel(
             x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
             x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
             x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
-        diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
-        pre = _tile4(ws, 0, stride_wk, offs_s, mask_s, 4)
-        if RMSNORM:
-            gram = _tile4(ws, 28, stride_wk, offs_s, mask_s, 4)
-            gram_tail = _tile4(ws, 32, stride_wk, offs_s, mask_s, 2)
-        r, g00, g11, g22, g33 = _rstd_of_streams(diag, H, rms_eps)
-        l0, l1, l2, l3 = _sum4(pre)
+        if VECTOR_SUMS:
+            d0, d1, d2, d3 = _rows4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            p0, p1, p2, p3 = _rows4(ws, 0, stride_wk, offs_s, mask_s, 4)
+            if RMSNORM:
+                u0, u1, u2, u3 = _rows4(ws, 28, stride_wk, offs_s, mask_s, 4)
+                v0, v1, v2, v3 = _rows4(ws, 32, stride_wk, offs_s, mask_s, 2)
+            g00, g11, g22, g33 = _sum_rows4(d0, d1, d2, d3)
+            l0, l1, l2, l3 = _sum_rows4(p0, p1, p2, p3)
+            if RMSNORM:
+                g01, g02, g03, g12 = _sum_rows4(u0, u1, u2, u3)
+                g13, g23, unused_a, unused_b = _sum_rows4(v0, v1, v2, v3)
+        else:
+            diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            pre = _tile4(ws, 0, stride_wk, offs_s, mask_s, 4)
+            if RMSNORM:
+                gram = _tile4(ws, 28, stride_wk, offs_s, mask_s, 4)
+                gram_tail = _tile4(ws, 32, stride_wk, offs_s, mask_s, 2)
+            g00, g11, g22, g33 = _sum4(diag)
+            l0, l1, l2, l3 = _sum4(pre)
+            if RMSNORM:
+                g01, g02, g03, g12 = _sum4(gram)
+                # (not '_': the Sinkhorn's loop variable in the other branch is an int)
+                g13, g23, unused_a, unused_b = _sum4(gram_tail)
+        r = _rstd_of_streams(g00, g11, g22, g33, H, rms_eps)
         w0 = tl.sigmoid(l0 * r * s0 + b0) + hc_eps
         w1 = tl.sigmoid(l1 * r * s0 + b1) + hc_eps
         w2 = tl.sigmoid(l2 * r * s0 + b2) + hc_eps
         w3 = tl.sigmoid(l3 * r * s0 + b3) + hc_eps
-        y = _round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
+        y = round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
         if RMSNORM:
-            g01, g02, g03, g12 = _sum4(gram)
-            # (not '_': the Sinkhorn's loop variable in the other branch is an int)
-            g13, g23, unused_a, unused_b = _sum4(gram_tail)
             # sum_h y^2 = w^T G w of the fp32 y (the reference squares y rounded to x.dtype;
             # the difference is far below the output's rounding)
             yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
             yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
                          + w2 * w3 * g23)
             rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
-            y = _round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
+            y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
         tl.store(out_ptr + t * H + offs_h, y, mask=mask_h)
 
 
@@ -384,10 +588,13 @@ def _mhc_finalize_kernel(
 def _mhc_post_kernel(
     f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr,
     H, NUM_HBLOCKS,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     # elementwise over one token's H-block: out[j] = post_j f + sum_i comb[i, j] x_i, the 20
     # weights as scalars (no cross-thread traffic)
+    if PDL:  # a programmatic dependent launch: it starts while the sublayer's last kernel ends
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     t = pid // NUM_HBLOCKS
     offs_h = (pid % NUM_HBLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -421,16 +628,31 @@ class _Config(NamedTuple):
     partials_warps: int
     finalize_warps: int
     pdl: bool
+    # the partials as a programmatic dependent launch too, loading fn before they wait (needs
+    # one chunk per split, and pdl)
+    wait: bool = False
+    # the finalize's split sums as independent one-axis reductions (else [4, splits] tiles)
+    vector_sums: bool = False
+    # the partials load their fn columns first (with wait: before they wait)
+    prefetch_fn: bool = False
+    # the partials on tensor cores (bf16 streams)
+    mma: bool = False
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
-            block_h=None, warps=None, pdl=None, device_index=-1) -> _Config:
+            block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
+            prefetch_fn=None, mma=None, dtype=None, device_index=-1) -> _Config:
     # Small T (decode) is latency-bound and fn (2.75 MB at H = 7168) dominates: one 64-wide
     # chunk of h per program (112 programs at H = 7168, 64 at H = 4096: ~every SM reads one
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
     # of partial sums in registers. 33-64 tokens: 4-token blocks; more: 8-token blocks and ~4
     # programs per SM, each looping over a run of chunks (fn from L2 per block). Tile and warps
     # per range from the H200 sweep in benchmarks/results/mhc_probe.json.
+    if mma is None:
+        mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
+               and (device_index >= 0 or _interpreter_multiplies_bf16()))
+    if mma:
+        return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps)
     small = T <= 32
     if block_t is None:
         block_t = min(triton.next_power_of_2(T), 4 if T <= 4 or 32 < T <= 64 else 8)
@@ -455,8 +677,34 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
     elif pdl and not supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
+    if wait is None:
+        wait = False
+    wait = bool(wait and pdl and chunks_per_split == 1)
+    if vector_sums is None:
+        vector_sums = False
+    prefetch_fn = bool((wait if prefetch_fn is None else prefetch_fn) and chunks_per_split == 1)
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
-                   pdl)
+                   pdl, wait, bool(vector_sums), prefetch_fn or wait)
+
+
+def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
+                warps) -> _Config:
+    # Tensor-core partials: 16-64 tokens per program (fn from L2 once per block), 64-wide
+    # chunks, about two programs per SM; the finalize as at large T on CUDA cores.
+    if block_t is None:
+        block_t = 16 if T < 256 else 32 if T < 1024 else 64
+    block_k = block_k or 64
+    n_chunks = triton.cdiv(H, block_k)
+    if num_splits is None:
+        num_splits = min(n_chunks, max(1, 2 * num_sms // triton.cdiv(T, block_t)))
+    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+    num_splits = triton.cdiv(n_chunks, chunks_per_split)
+    if block_h is None:
+        block_h = 1024 if T <= 128 else 512
+    if warps is None:
+        warps = (8 if block_t >= 64 else 4, 1)
+    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
+                   False, mma=True)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -470,6 +718,7 @@ WORKSPACES = WorkspaceCache()
 
 
 _PARTIALS = LaunchCache(_mhc_partials_kernel)
+_PARTIALS_MMA = LaunchCache(_mhc_partials_mma_kernel)
 _FINALIZE = LaunchCache(_mhc_finalize_kernel)
 _POST = LaunchCache(_mhc_post_kernel)
 _DIRECT: dict = {}  # key -> (partials, finalize) direct launches
@@ -501,14 +750,16 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
         direct[1](*p2)
         return
     grid1 = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
-    _PARTIALS.launch(
-        key, grid1, (src, f, post_in, comb_in, x, fn, ws, T, H, cfg.num_splits, fn.stride(0),
-                     ws.stride(0), ws.stride(1)),
-        {"POST": boundary is not None, "GRAM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-         "BLOCK_T": cfg.block_t,
-         "BLOCK_K": cfg.block_k, "PDL": cfg.pdl},
-        cfg.partials_warps,
-    )
+    args1 = (src, f, post_in, comb_in, x, fn, ws, T, H, cfg.num_splits, fn.stride(0),
+             ws.stride(0), ws.stride(1))
+    constexprs1 = {"POST": boundary is not None, "GRAM": rmsnorm,
+                   "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
+                   "BLOCK_K": cfg.block_k}
+    partials_cache = _PARTIALS_MMA if cfg.mma else _PARTIALS
+    if not cfg.mma:
+        constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait)
+    partials_cache.launch(key, grid1, args1, constexprs1, cfg.partials_warps,
+                          launch_pdl=cfg.wait)
     num_hblocks = triton.cdiv(H, cfg.block_h)
     _FINALIZE.launch(
         key, (T * (num_hblocks + 1), 1, 1),
@@ -516,10 +767,10 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
          num_hblocks, rms_eps, hc_eps, norm_eps, post_mult, ws.stride(0), ws.stride(1)),
         {"SINKHORN_ITERS": sinkhorn_iters, "RMSNORM": rmsnorm, "X_EARLY": boundary is None,
          "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
-         "PDL": cfg.pdl, "FAST_MATH": fast_math(x)},
+         "PDL": cfg.pdl, "FAST_MATH": fast_math(x), "VECTOR_SUMS": cfg.vector_sums},
         cfg.finalize_warps, launch_pdl=cfg.pdl,
     )
-    partials, finalize = _PARTIALS.get(key), _FINALIZE.get(key)
+    partials, finalize = partials_cache.get(key), _FINALIZE.get(key)
     if partials is not None and finalize is not None:
         _DIRECT[key] = (partials, finalize)
 
@@ -553,7 +804,7 @@ def mhc_pre_triton(
     and shape, except while a CUDA graph is captured."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0 and residual.is_contiguous() and fn.is_contiguous()
-    cfg = _plan(T, H, residual.get_device(), **overrides)
+    cfg = _plan(T, H, residual.get_device(), dtype=residual.dtype, **overrides)
     post, comb, out = _pre_outputs(residual, T, H) if out is None else out
     _pre_launches(residual, fn, hc_scale, hc_base, norm_weight, post, comb, out, rms_eps, hc_eps,
                   norm_eps, post_mult, sinkhorn_iters, cfg)
@@ -571,7 +822,7 @@ def mhc_post_pre_triton(
     layer_input)``, allocated or given as ``out``; as :func:`mhc_pre_triton` otherwise."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0 and residual.is_contiguous() and fn.is_contiguous()
-    cfg = _plan(T, H, residual.get_device(), **overrides)
+    cfg = _plan(T, H, residual.get_device(), dtype=residual.dtype, **overrides)
     if out is None:
         new = torch.empty_like(residual)
         post2, comb2, out = _pre_outputs(residual, T, H)
@@ -584,7 +835,8 @@ def mhc_post_pre_triton(
 
 def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                     comb: torch.Tensor, out: torch.Tensor | None = None,
-                    block_h: int | None = None) -> torch.Tensor:
+                    block_h: int | None = None, pdl: bool | None = None,
+                    num_warps: int = 4) -> torch.Tensor:
     """hc_post of contiguous tensors (T > 0) in 1 launch -> ``[T, 4, H]`` in ``residual.dtype``
     (allocated or ``out``)."""
     T, hc, H = residual.shape
@@ -593,10 +845,13 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     # call), 512 at 33-128, else 1024 (one 16-byte bf16 load per stream and thread), from
     # benchmarks/results/mhc_sweep.json
     block_h = block_h or (256 if T <= 8 else 512 if 32 < T <= 128 else 1024)
+    device_index = residual.get_device()
+    if pdl is None:
+        pdl = POST_PDL and supports_pdl(device_index)
     out = torch.empty_like(residual) if out is None else out
     pointers = (f.data_ptr(), residual.data_ptr(), post.data_ptr(), comb.data_ptr(),
                 out.data_ptr())
-    key = (T, H, residual.dtype, f.dtype, block_h, residual.get_device(),
+    key = (T, H, residual.dtype, f.dtype, block_h, pdl, num_warps, device_index,
            alignment_key(*pointers))
     direct = _POST.get(key)
     if direct is not None:
@@ -604,14 +859,15 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
         return out
     num_hblocks = triton.cdiv(H, block_h)
     _POST.launch(key, (T * num_hblocks, 1, 1), (f, residual, post, comb, out, H, num_hblocks),
-                 {"BLOCK_H": block_h}, 4)
+                 {"BLOCK_H": block_h, "PDL": pdl}, num_warps, launch_pdl=pdl)
     return out
 
 
 # For scripts that time or sweep each launch on its own (scripts/mhc_probe.py): the jit kernels,
 # the tiling planner (overrides: block_t, block_k, num_splits, block_h, warps, pdl), and the
 # output allocation and launches of mhc_pre_triton.
-JIT_KERNELS = {"partials": _mhc_partials_kernel, "finalize": _mhc_finalize_kernel,
+JIT_KERNELS = {"partials": _mhc_partials_kernel, "partials_mma": _mhc_partials_mma_kernel,
+               "finalize": _mhc_finalize_kernel,
                "post": _mhc_post_kernel}
 tiling = _config
 plan = _plan

@@ -1,0 +1,43 @@
+"""Device helpers shared by several ops' kernels and planners: the GPU's SM count, whether it
+takes programmatic dependent launches, and fp32 rounding to a stream dtype that the interpreter
+and the GPU agree on."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4spec.kernels import on_rocm
+
+
+def supports_pdl(device_index: int) -> bool:
+    """Whether CUDA device ``device_index`` can launch a kernel as a programmatic dependent launch
+    (``-1``, the interpreter: no)."""
+    # griddepcontrol is NVIDIA's, from sm_90; not in the interpreter, not on ROCm (whose
+    # capability numbers mean something else: an MI300 reports 9.4)
+    return (device_index >= 0 and not on_rocm()
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    """The streaming multiprocessors of CUDA device ``device_index``, which the split counts fill;
+    132 (an H200's) for ``-1``, the interpreter."""
+    if device_index < 0:
+        return 132  # the interpreter (CPU tensors): mirror an H200's grid
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@triton.jit
+def round_to(y, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE, round to nearest even."""
+    # Triton 3.6's interpreter truncates fp32 -> bf16, so bf16 is rounded by hand (then the cast
+    # is exact): the interpreter and the GPU agree.
+    if DTYPE == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        y = bits.to(tl.float32, bitcast=True)
+    return y.to(DTYPE)

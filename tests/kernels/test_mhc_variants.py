@@ -1,0 +1,65 @@
+"""The mHC kernels' tiling variants against the float64-backed reference: the finalize's split
+sums as independent reductions or as tiles, fn loaded before everything else, the Sinkhorn at
+1, 2 and 20 passes, the tensor-core partials, and calls that fill and then reuse a workspace."""
+
+import pytest
+import torch
+
+from dsv4spec.kernels.mhc import mhc_post_pre_triton, mhc_pre_triton
+from dsv4spec.ops import mhc_post_pre_reference, mhc_pre_reference
+from tests.ops.test_mhc import EPS, assert_close, assert_pre_close, make_inputs
+
+VARIANTS = [
+    pytest.param({"vector_sums": True}, id="vector sums"),
+    pytest.param({"vector_sums": False}, id="tile sums"),
+    pytest.param({"vector_sums": True, "prefetch_fn": True}, id="vector sums, fn first"),
+    pytest.param({"prefetch_fn": True, "block_k": 16}, id="tile sums, fn first, 16-wide"),
+]
+
+
+def _pre_and_boundary(T, H, dtype, rmsnorm, iters, eps, **tiling):
+    x, fn, sc, base, nw, f = make_inputs(T, H, dtype, seed=T + H)
+    kw = {**eps, "sinkhorn_iters": iters}
+    if rmsnorm:
+        kw.update(norm_weight=nw, norm_eps=1e-6)
+    args = (eps["rms_eps"], eps["hc_eps"], iters, 2.0, kw.get("norm_weight"),
+            1e-6 if rmsnorm else 0.0)
+    got = mhc_pre_triton(x, fn, sc, base, *args, **tiling)
+    assert_pre_close(got, mhc_pre_reference(x, fn, sc, base, **kw), dtype, 2)
+    post, comb, _ = got
+    fused = mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *args, **tiling)
+    ref = mhc_post_pre_reference(f, x, post, comb, fn, sc, base, **kw)
+    assert_close(fused[0], ref[0], dtype, what="residual'")
+    assert_pre_close(fused[1:], ref[1:], dtype, 2)
+
+
+@pytest.mark.parametrize("tiling", VARIANTS)
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
+def test_finalize_and_partials_variants(tiling, rmsnorm):
+    _pre_and_boundary(3, 100, torch.bfloat16, rmsnorm, 20, EPS, **tiling)
+
+
+@pytest.mark.parametrize("iters", [1, 2, 20])
+@pytest.mark.parametrize("vector_sums", [False, True], ids=["tile sums", "vector sums"])
+def test_sinkhorn_passes(iters, vector_sums):
+    _pre_and_boundary(2, 40, torch.float32, True, iters, {"rms_eps": 0.25, "hc_eps": 1.0},
+                      vector_sums=vector_sums)
+
+
+@pytest.mark.parametrize("tiling", [
+    pytest.param({"mma": True, "block_k": 32}, id="16 tokens, 32-wide chunks, one per split"),
+    pytest.param({"mma": True, "block_k": 16, "num_splits": 2, "block_t": 32},
+                 id="32 tokens, 16-wide chunks, 4 per split"),
+])
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
+def test_tensor_core_partials(tiling, rmsnorm):
+    # 17 tokens: a second token block almost all past T; H = 100 leaves masked chunk tails
+    _pre_and_boundary(17, 100, torch.bfloat16, rmsnorm, 20, EPS, **tiling)
+
+
+def test_tensor_core_partials_planned_for_bf16_prefill_only():
+    from dsv4spec.kernels import mhc as K
+
+    assert K.plan(K.MMA_MIN_TOKENS, 7168, -1, dtype=torch.bfloat16).mma
+    assert not K.plan(K.MMA_MIN_TOKENS - 1, 7168, -1, dtype=torch.bfloat16).mma
+    assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
