@@ -2,6 +2,7 @@
 CUDA, resume / --force on a stand-in measurer (CPU), and the real run on a GPU."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from dsv4spec import cli
 from dsv4spec.bench import tune
 from dsv4spec.integrations import tables
 from dsv4spec.integrations.sglang import hc_head, metadata, mhc
+
+from ..kernels.attention_metadata_support import interpreter_loop_bounds
 
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
 DEVICE = "NVIDIA Test GPU"
@@ -250,3 +253,42 @@ def test_compare_lists_other_winners_and_marks_near_ties(tmp_path, capsys):
         "1.02/1.00 us (near-tie)"]
     assert tune.served_share(tables.read_file(paths[0])["sglang"]["mhc_post"], g.modes) == {
         "graph": 2 / 3, "eager": 1.0}
+
+
+@pytest.mark.parametrize("hook, key, count, quick, shapes", [
+    (metadata.EXPAND, 4, 2, True, 1),
+    (metadata.PAGE_TABLE, 64, 4, True, 1),  # verify, bs 1, one context
+    (metadata.PAGE_TABLE, 64, 4, False, 4),  # verify bs 1 and decode bs 4, two contexts each
+    (metadata.COMPRESSED, 64, 4, True, 1),
+    (metadata.COMPRESSION, 64, 4, True, 1),
+    ("target_hc_head", 256, 2, True, 1),
+])
+def test_each_measurer_checks_sglang_against_ours_before_timing(monkeypatch, hook, key, count,
+                                                                quick, shapes):
+    """The measuring code on CPU (Triton's interpreter, SGLang's own source): the benchmarks'
+    inputs, providers and checks as the GPU run calls them, the timing stubbed out."""
+    from dsv4spec.integrations.sglang.source import sglang_root
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of the measurers; on a GPU the end-to-end test runs them")
+    if sglang_root() is None:
+        pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
+    timed = []
+
+    def fake_timing(fns, modes, quick):
+        outs = {name: fn() for name, fn in fns.items()}  # both providers run
+        timed.append(sorted(outs))
+        return {m: [1.0, 2.0] for m in modes}
+
+    monkeypatch.setattr(tune, "_graph_and_eager", fake_timing)
+    g = tune.GRIDS[hook]
+    saved = {n for n in sys.modules if n == "sglang" or n.startswith("sglang.")}
+    try:
+        with interpreter_loop_bounds():
+            result = tune.Measure("cpu").point(g, key, count, quick=quick)
+    finally:  # the benchmark's stand-in SGLang packages stay out of other tests' way
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+            if name not in saved:
+                del sys.modules[name]
+    assert result == {m: [1.0, 2.0] for m in g.modes}
+    assert timed == [["engine", "ours"]] * shapes

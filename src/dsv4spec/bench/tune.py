@@ -239,8 +239,13 @@ def _worst(results: list[dict], modes: tuple[str, ...]) -> dict:
 class Measure:
     """Loads each peer once; ``point(grid, key, count, quick)`` -> ``{mode: [ours, engine]}``."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cuda") -> None:
+        self.device = device
         self._loaded: dict[str, object] = {}
+
+    def _sync(self) -> None:
+        if self.device != "cpu":
+            self._sync()
 
     def prepare(self, groups) -> None:
         """Load every peer the groups need now, so a missing one fails before any timing."""
@@ -273,7 +278,8 @@ class Measure:
 
     def point(self, g: Grid, key: int, count: int, quick: bool) -> dict:
         result = getattr(self, f"_{g.group}")(g, key, count, quick)
-        torch.cuda.empty_cache()
+        if self.device != "cpu":
+            torch.cuda.empty_cache()
         return result
 
     def _mhc(self, g: Grid, H: int, T: int, quick: bool) -> dict:
@@ -281,28 +287,28 @@ class Measure:
 
         peer, ours = self._peer("mhc")
         op = {"mhc_pre": "pre", "mhc_post": "post", "mhc_fused_post_pre": "post_pre"}[g.hook]
-        inp = mhc.make_inputs(T, H, seed=1000 * H + T)
+        inp = mhc.make_inputs(T, H, seed=1000 * H + T, device=self.device)
         ref = mhc.canonical(op, mhc.torch_provider(op, inp, True)(), T, H)
         fns = {"ours": mhc.ours_provider(ours[op], op, inp, True),
                "engine": mhc.sglang_provider(peer, op, inp, True)}
         for name, fn in fns.items():
             fn()
             mhc.check(name, mhc.max_errors(mhc.canonical(op, fn(), T, H), ref))
-        torch.cuda.synchronize()
+        self._sync()
         return _graph_and_eager(fns, g.modes, quick)
 
     def _hc_head(self, g: Grid, H: int, T: int, quick: bool) -> dict:
         from dsv4spec.bench import hc_head
 
         peer = self._peer("hc_head")
-        inputs = hc_head.make_inputs(T, H, seed=T)
+        inputs = hc_head.make_inputs(T, H, seed=T, device=self.device)
         fns = {}
         for name, provider in (("ours", "triton"), ("engine", "sglang")):
             fn, ref = hc_head.setup(provider, inputs, peer)
             fn()
             hc_head.refcheck(provider, fn(), ref)
             fns[name] = fn
-        torch.cuda.synchronize()
+        self._sync()
         return _graph_and_eager(fns, g.modes, quick)
 
     def _metadata(self, g: Grid, width: int, rows: int, quick: bool) -> dict:
@@ -318,7 +324,8 @@ class Measure:
         results = []
         for mode, bs in shapes:
             for live in lives:
-                x = metadata.make_inputs(bs, live, capacity, mode, seed=bs + live)
+                x = metadata.make_inputs(bs, live, capacity, mode, self.device,
+                                           seed=bs + live)
                 prep = page_mod.build_page_table_positions_triton(
                     req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
                     seq_lens_casual=x["seq_lens"], max_seq_len=capacity,
@@ -327,7 +334,7 @@ class Measure:
                                          attn_metadata)
                 metadata.refcheck(op, fns["dsv4spec"](), fns["sglang"](), x["seq_lens"],
                                   capacity)
-                torch.cuda.synchronize()
+                self._sync()
                 results.append(_graph_and_eager(
                     {"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes, quick))
                 del x, prep, fns
@@ -337,10 +344,10 @@ class Measure:
         from dsv4spec.bench import metadata
 
         method = self._peer("expand")
-        x = metadata.expand_inputs(bs, qo_len, seed=bs + qo_len)
+        x = metadata.expand_inputs(bs, qo_len, self.device, seed=bs + qo_len)
         fns = metadata.expand_providers("expand", x, bs, qo_len, method)
         metadata.expand_refcheck("expand", fns["dsv4spec"](), fns["sglang"]())
-        torch.cuda.synchronize()
+        self._sync()
         return _graph_and_eager({"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes,
                                 quick)
 
