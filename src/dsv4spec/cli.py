@@ -18,7 +18,7 @@ COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
             "train-tiny": "dsv4spec.engine.train_tiny", "tune": "dsv4spec.bench.tune"}
 # bench name -> module under dsv4spec.bench
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
-              "model-step": "model_step", "e2e": "e2e", "mhc": "mhc",
+              "model-step": "model_step", "e2e": "e2e", "mhc": "mhc", "mhc-sweep": "mhc_sweep",
               "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
