@@ -127,6 +127,14 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     record = {"environment": common.environment(), "rows": []}
     rows = record["rows"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every shape: a time limit keeps what was measured
+        record["best"] = _best(rows)
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        (out / "mhc_sweep.json").write_text(json.dumps(record, indent=1))
+
     for table, variants in ((decode, DECODE_VARIANTS), (prefill, PREFILL_VARIANTS)):
         for H, T in table:
             inp = make_inputs(T, H, seed=1000 * H + T)
@@ -135,6 +143,7 @@ def main(args: argparse.Namespace) -> int:
                 for name, overrides in variants.items():
                     rows.append(_point(name, op, H, T, _pre_call(op, inp, overrides), ref,
                                        rep_ms))
+            save()
     for H, T in post:
         inp = make_inputs(T, H, seed=1000 * H + T)
         ref = mhc_post_reference(inp["f"], inp["residual"], inp["post"], inp["comb"])
@@ -142,11 +151,7 @@ def main(args: argparse.Namespace) -> int:
             call = (lambda kw=kw: K.mhc_post_triton(inp["f"], inp["residual"], inp["post"],
                                                     inp["comb"], **kw))
             rows.append(_point(name, "post", H, T, call, ref, rep_ms))
-    record["best"] = _best(rows)
-    record["seconds"] = round(time.perf_counter() - start, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mhc_sweep.json").write_text(json.dumps(record, indent=1))
+        save()
     for b in record["best"]:
         print(f"{b['op']:>8} H={b['H']} T={b['T']:>4}: best {b['best']:<24} {b['best_us']:8.2f} "
               f"us (default {b['default_us']})")
