@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from dsv4spec.bench import common
-from dsv4spec.bench.mhc import (
-    HC_EPS, NORM_EPS, POST_MULT, RMS_EPS, SINKHORN_ITERS, make_inputs)
+from dsv4spec.bench.mhc import HC_EPS, NORM_EPS, POST_MULT, RMS_EPS, SINKHORN_ITERS, make_inputs
 from dsv4spec.kernels import mhc as K
 from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_reference
 
@@ -148,8 +147,10 @@ def main(args: argparse.Namespace) -> int:
         inp = make_inputs(T, H, seed=1000 * H + T)
         ref = mhc_post_reference(inp["f"], inp["residual"], inp["post"], inp["comb"])
         for name, kw in POST_VARIANTS.items():
-            call = (lambda kw=kw: K.mhc_post_triton(inp["f"], inp["residual"], inp["post"],
-                                                    inp["comb"], **kw))
+            def call(kw=kw, inp=inp):
+                return K.mhc_post_triton(inp["f"], inp["residual"], inp["post"], inp["comb"],
+                                         **kw)
+
             rows.append(_point(name, "post", H, T, call, ref, rep_ms))
         save()
     for b in record["best"]:
