@@ -8,6 +8,7 @@ one-launch fused boundary (T <= 32) and its post + GEMM path (T > 32) both run.
 
 import ast
 import logging
+import sys
 
 import pytest
 import torch
@@ -211,6 +212,10 @@ def _aside_cases():
                        None),
         "another architecture": ("mhc_fused_post_pre", {}, lambda mp: mp.setattr(
             mhc_hooks, "gpu_architecture", lambda index: (10, 0)), None),
+        "another architecture (hc_head)": ("hc_head", {}, lambda mp: mp.setattr(
+            hc_head_hooks, "gpu_architecture", lambda index: (10, 0)), None),
+        "DeepGEMM in use above 32 tokens": ("mhc_fused_post_pre", dict(T=33), lambda mp: mp.setattr(
+            mhc_hooks, "_deep_gemm", True), None),
         "torch.compile tracing": ("hc_head", {}, lambda mp: mp.setattr(
             torch.compiler, "is_compiling", lambda: True), None),
     }
@@ -370,3 +375,41 @@ def test_vllms_boundary_takes_its_two_paths(vllm, T, kernels):
     args, kwargs = call_args("mhc_fused_post_pre", make_inputs(T))
     original(vllm, "mhc_fused_post_pre")(*args, **kwargs)
     assert launches(vllm) == kernels
+
+
+def test_deep_gemm_keeps_the_boundary_ours_up_to_32_tokens(vllm, monkeypatch):
+    """vLLM's one-launch fused boundary (T <= 32) never runs DeepGEMM: the table decides there."""
+    measure(monkeypatch, "mhc_fused_post_pre")
+    monkeypatch.setattr(mhc_hooks, "_deep_gemm", True)
+    register()
+    t = make_inputs(3)
+    args, kwargs = call_args("mhc_fused_post_pre", t)
+    got = hooked(vllm, "mhc_fused_post_pre")(*args, **kwargs)
+    assert not launches(vllm)
+    assert_like(got, original(vllm, "mhc_fused_post_pre")(*args, **kwargs),
+                tol_against=reference("mhc_fused_post_pre", t))
+
+
+def test_deep_gemm_is_read_from_vllm_once_loaded(vllm, monkeypatch):
+    calls = []
+    module = sys.modules["vllm.utils.deep_gemm"]
+    monkeypatch.setattr(module, "is_deep_gemm_supported", lambda: calls.append(1) or False)
+    assert mhc_hooks.vllm_deep_gemm() is False
+    assert mhc_hooks.vllm_deep_gemm() is False
+    assert calls == [1], "remembered: vLLM's answer is fixed at start"
+
+
+def test_deep_gemm_not_yet_loaded_counts_as_in_use(vllm, monkeypatch):
+    """Before vLLM has loaded ``vllm.utils.deep_gemm`` nobody knows which GEMM vLLM would run:
+    mhc_pre steps aside (and asks again at the next call)."""
+    from dsv4spec.integrations.hooks import STEP_ASIDE
+
+    measure(monkeypatch, "mhc_pre")
+    module = sys.modules.pop("vllm.utils.deep_gemm")
+    args, kwargs = call_args("mhc_pre", make_inputs(2))
+    try:
+        assert mhc_hooks.fast_mhc_pre(*args, **kwargs) is STEP_ASIDE
+        assert mhc_hooks._deep_gemm is None
+    finally:
+        sys.modules["vllm.utils.deep_gemm"] = module
+    assert mhc_hooks.fast_mhc_pre(*args, **kwargs) is not STEP_ASIDE
