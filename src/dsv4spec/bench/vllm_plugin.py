@@ -145,12 +145,15 @@ def hooked(fn, op: str):
 
 
 def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
-    vllm_fn = getattr(peer, "hc_head" if op == "hc_head" else op)
-    hook = hooked(vllm_fn, op)
+    vllm_fn = getattr(peer, op)
+    stepped_aside = []
+    hook = hooked(lambda *a, **k: stepped_aside.append(1) or vllm_fn(*a, **k), op)
     t = make_inputs(T, H, seed)
     ref = reference(op, t)
     with ours_forced():
         call(hook, op, t)  # first sight: compiles ours, eagerly
+        if stepped_aside:
+            raise RuntimeError(f"{op} H={H} T={T}: the hook stepped aside (vLLM's ran)")
         vllm_err, hook_err = max_error(call(vllm_fn, op, t), ref), max_error(call(hook, op, t), ref)
         if not hook.guard.enabled:
             raise RuntimeError(f"{op} H={H} T={T}: the hook failed ({hook.guard.failure})")
