@@ -169,3 +169,19 @@ def install(tilelang: bool) -> SimpleNamespace:
     return SimpleNamespace(peer=peer, kernels=peer.kernels, models=models,
                            model=models[MODEL_MODULES[0]], mtp=models[MODEL_MODULES[1]],
                            dspark=models[MODEL_MODULES[2]])
+
+
+def vllm_method(module: ModuleType, relpath: str, cls: str, name: str):
+    """vLLM's own ``cls.name`` from ``relpath``, compiled with its file name and line numbers
+    into ``module``'s namespace (so its calls resolve through the module's globals, as in vLLM),
+    annotations dropped (their types are not imported here)."""
+    tree = ast.parse(vllm_file(relpath).read_text())
+    node = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
+                for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    node.returns = None
+    for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
+        arg.annotation = None
+    node.decorator_list = []
+    namespace = module.__dict__
+    exec(compile(ast.Module(body=[node], type_ignores=[]), module.__file__, "exec"), namespace)
+    return namespace.pop(name)
