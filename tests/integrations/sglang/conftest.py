@@ -7,7 +7,7 @@ import pytest
 from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
 from dsv4spec.integrations.sglang import mhc as mhc_hooks
-from dsv4spec.integrations.sglang import plugin, register
+from dsv4spec.integrations.sglang import plugin, register, served_model
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
 
 from . import standins
@@ -53,7 +53,30 @@ def _is_sglang(name: str) -> bool:
 
 
 @pytest.fixture
-def sgl(monkeypatch):
+def serves(monkeypatch):
+    """``serves(model_type)``: SGLang's runtime context (the stand-in's, or a new module where
+    none is loaded) reports that model as served (None: not published); the hooks' remembered
+    verdict is emptied."""
+    def serve(model_type: str | None = served_model.DSV4_MODEL_TYPE) -> None:
+        context = sys.modules.get(standins.RUNTIME_CONTEXT_MOD)
+        if context is None:
+            context = ModuleType(standins.RUNTIME_CONTEXT_MOD)
+            monkeypatch.setitem(sys.modules, standins.RUNTIME_CONTEXT_MOD, context)
+        monkeypatch.setattr(context, "process_model_config", None, raising=False)
+        standins.serve_model(context, model_type)
+        monkeypatch.setattr(served_model, "_serves_dsv4", None)
+
+    return serve
+
+
+@pytest.fixture
+def dsv4_served(serves):
+    """SGLang serves DeepSeek-V4 (for hooks called without the ``sgl`` stand-ins)."""
+    serves()
+
+
+@pytest.fixture
+def sgl(monkeypatch, serves):
     if sglang_root() is None:
         pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
     for switch in SWITCHES:
@@ -64,6 +87,8 @@ def sgl(monkeypatch):
     monkeypatch.setattr(hc_head_hooks, "_deterministic", None)
     monkeypatch.setattr(mhc_hooks, "_warned", set())
     monkeypatch.setattr(mhc_hooks, "_compiled", set())
+    monkeypatch.setattr(mhc_hooks, "_original_warmed", set())
+    monkeypatch.setattr(mhc_hooks, "_warm_pending", None)
     monkeypatch.setattr(metadata_hooks, "_warned", set())
     monkeypatch.setattr(metadata_hooks, "_compiled", set())
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
@@ -78,6 +103,7 @@ def sgl(monkeypatch):
         mhc = standins.mhc_module()
         page_metadata, c128_metadata = standins.metadata_modules()
         backend = standins.add_module(standins.BACKEND_MOD, standins.backend_module())
+        serves()  # the stand-ins present themselves as DeepSeek-V4, as SGLang's context would
         originals = {
             ROLLBACK: pool.DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states,
             DRAFT: nextn.DeepseekV4ModelNextN.hc_head,

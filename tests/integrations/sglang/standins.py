@@ -38,6 +38,7 @@ REGISTRY_MOD = "sglang.srt.plugins.hook_registry"
 PAGE_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels"
 C128_METADATA_MOD = "sglang.kernels.ops.attention.dsv4.metadata_kernel"
 RUNTIME_CONTEXT_MOD = "sglang.srt.runtime_context"
+PYNCCL_ALLOCATOR_MOD = "sglang.srt.distributed.device_communicators.pynccl_allocator"
 BACKEND_MOD = "sglang.srt.layers.attention.deepseek_v4_backend"
 # CUDA where present (SGLang's kernels and ours run for real), else the CPU in Triton's interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -302,6 +303,8 @@ def mhc_module() -> types.ModuleType:
 
     assert bench_file == MHC_FILE
     install_stubs()
+    # SGLang's allocator answers whether --enable-symm-mem is on; a stand-in server has it off.
+    sys.modules[PYNCCL_ALLOCATOR_MOD].is_symmetric_memory_enabled = lambda: False
     module = add_module(MHC_MOD, load_sglang_module(MHC_FILE, name=MHC_MOD))
     for name, make in (("mhc_pre", _torch_mhc_pre), ("mhc_post", _torch_mhc_post),
                        ("mhc_fused_post_pre", _torch_mhc_fused_post_pre)):
@@ -417,6 +420,22 @@ def metadata_modules(topk_backend: str = "sgl-kernel",
     add_module(C128_METADATA_MOD, c128)
     set_topk_backends(topk_backend, draft_topk_backend)
     return page, c128
+
+
+def model_config(model_type: str) -> types.SimpleNamespace:
+    """What SGLang's ``process_model_config()`` returns, as far as the hooks read it."""
+    return types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type=model_type))
+
+
+def serve_model(context: types.ModuleType, model_type: str | None = "deepseek_v4") -> None:
+    """The stand-in runtime ``context`` answers ``process_model_config()`` for a server of
+    ``model_type`` (None: configuration not published, SGLang's ValueError)."""
+    def process_model_config():
+        if model_type is None:
+            raise ValueError("server args are not published")
+        return model_config(model_type)
+
+    context.process_model_config = process_model_config
 
 
 def set_topk_backends(topk_backend: str, draft_topk_backend: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dsv4spec.integrations.hooks import GuardedHook, Hook, switch_on
-from dsv4spec.integrations.sglang import draft_metadata, plugin
+from dsv4spec.integrations.sglang import draft_metadata, plugin, served_model
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_root
 
 from . import standins
@@ -62,8 +62,10 @@ def fake(monkeypatch):
         registry = load_sglang_module(standins.REGISTRY_FILE, name=standins.REGISTRY_MOD)
         standins.add_module(standins.REGISTRY_MOD, registry)
         registry.HookRegistry.reset()
-        standins.add_module(standins.RUNTIME_CONTEXT_MOD,
-                            types.ModuleType(standins.RUNTIME_CONTEXT_MOD))
+        context = standins.add_module(standins.RUNTIME_CONTEXT_MOD,
+                                      types.ModuleType(standins.RUNTIME_CONTEXT_MOD))
+        standins.serve_model(context)  # DeepSeek-V4, as SGLang's context reports it
+        monkeypatch.setattr(served_model, "_serves_dsv4", None)
         module = standins.add_module(standins.BACKEND_MOD, standins.draft_backend_module())
         original = module.DeepseekV4MultiStepBackend.init_forward_metadata_in_graph
         hook = _hook_entry()
@@ -347,6 +349,44 @@ def test_a_fault_in_ours_falls_back_once_and_switches_off(fake, monkeypatch, cap
     warnings = [r for r in caplog.records if r.name == LOGGER and "RuntimeError: boom" in
                 r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_sglang_exception_in_a_step_build_propagates_untouched(fake, caplog):
+    """A step's build is SGLang's own code: its exception reaches SGLang's caller as it would
+    from SGLang's method, without the steps being built again by SGLang's method and without
+    switching the hook off."""
+    set_configured_steps(3)
+    fake.install()
+    module = fake.module
+    backend = module.DeepseekV4MultiStepBackend(1, 3)
+    fb = capture_batch(module, 2, 1, 3)
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    failing = backend.attn_backends[1]
+
+    def sglang_fails(forward_batch):
+        raise RuntimeError("SGLang's own error")
+
+    failing.init_forward_metadata_in_graph = sglang_fails
+    module.upgrades.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        with pytest.raises(RuntimeError, match="SGLang's own error"):
+            backend.init_forward_metadata_in_graph(fb)
+    assert [step for step, _ in module.upgrades] == [0], "step 0 once, nothing re-run"
+    hook = fake.registry.HookRegistry._hooks[TARGET][0][1]
+    assert hook.enabled and not [r for r in caplog.records if r.name == LOGGER]
+
+
+def test_other_models_keep_sglang_method(fake):
+    set_configured_steps(3)
+    standins.serve_model(sys.modules[standins.RUNTIME_CONTEXT_MOD], "deepseek_v41")
+    fake.install()
+    module = fake.module
+    backend = module.DeepseekV4MultiStepBackend(1, 3)
+    fb = capture_batch(module, 2, 1, 3)
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    module.upgrades.clear()
+    backend.init_forward_metadata_in_graph(fb)
+    assert [step for step, _ in module.upgrades] == [0, 1, 2]
 
 
 def _one_step(fake):

@@ -22,6 +22,7 @@ from dsv4spec.integrations.sglang import hc_head as hooks
 from dsv4spec.integrations.sglang import rollback
 from dsv4spec.ops import C128DraftCleanup, hc_head_reference
 
+from . import standins
 from .conftest import DRAFT, ROLLBACK, TARGET
 from .test_hc_head import EPS, HC_EPS, NORM_EPS, SM90, assert_matches, make_inputs
 from .test_rollback import BATCH, batch, check, kv_pool
@@ -163,6 +164,7 @@ def deterministic_sglang(monkeypatch, batch_invariant: bool, deterministic: bool
     flags = types.SimpleNamespace(
         deterministic=types.SimpleNamespace(enable_deterministic_inference=deterministic))
     context.get_exec = lambda: flags
+    standins.serve_model(context)  # DeepSeek-V4: only the mode makes the hooks step aside
     monkeypatch.setitem(sys.modules, invariant.__name__, invariant)
     monkeypatch.setitem(sys.modules, context.__name__, context)
     monkeypatch.setattr(hooks, "_deterministic", None)
@@ -214,7 +216,7 @@ def test_rollback_steps_aside_on_rocm(sgl, monkeypatch):
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph breaks allowed"])
-def test_target_hook_under_torch_compile_matches_eager(measured_table, fullgraph):
+def test_target_hook_under_torch_compile_matches_eager(measured_table, dsv4_served, fullgraph):
     """SGLang's --enable-torch-compile traces the target's forward, hook included: it traces
     (fullgraph too) and gives the eager result (SGLang's path, which it steps aside to)."""
     torch._dynamo.reset()

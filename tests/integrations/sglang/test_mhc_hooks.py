@@ -122,10 +122,13 @@ def equal(actual, expected):
 
 @pytest.fixture
 def measured(monkeypatch):
-    """Eager table entries for the test width (the interpreter stands in for sm_90)."""
-    def set_spans(op=None, spans=((1, 32),), mode="eager", width=H):
+    """Table entries for the test width, both modes unless one is named (the interpreter stands
+    in for sm_90): with the same spans in both, SGLang's function never runs for a shape ours
+    serves (no eager warm-up of SGLang's for a capture)."""
+    def set_spans(op=None, spans=((1, 32),), mode=None, width=H):
         for name in ([op] if op else list(hooks.TABLES)):
-            monkeypatch.setitem(hooks.TABLES[name][SM90][mode], width, spans)
+            for m in ([mode] if mode else ["eager", "graph"]):
+                monkeypatch.setitem(hooks.TABLES[name][SM90][m], width, spans)
     set_spans()
     return set_spans
 
@@ -367,7 +370,7 @@ def test_switched_off_leaves_sglang_functions(sgl, monkeypatch, measured, op):
     assert equal(run(sgl, op, t), run_original(sgl, op, t))
 
 
-def test_under_torch_compile_steps_aside(measured):
+def test_under_torch_compile_steps_aside(measured, dsv4_served):
     """Traced by torch.compile (fullgraph), the hook steps aside: SGLang's path is traced."""
     torch._dynamo.reset()
     hook = hooks.make_mhc_post_hook()
@@ -534,3 +537,132 @@ def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
         assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed} vs SGLang",
                      fp32_rtol=1e-3, half_rtol=1e-2)
     assert installed_hook(sgl, NAMES[op]).enabled
+
+
+# --- served model, symmetric memory, SGLang's warm-up, compiled keys -----------------------------
+
+
+@pytest.mark.parametrize("model_type", ["glm5_next", "deepseek_v41", None])
+@pytest.mark.parametrize("op", list(NAMES))
+def test_other_models_keep_sglang_functions(sgl, serves, measured, op, model_type):
+    """GLM-5-next calls these functions through the same module globals (hidden 4096, hc_mult 4,
+    which the tables cover): installing dsv4spec must not change them."""
+    serves(model_type)
+    sgl.install()
+    t = make_inputs(3)
+    assert equal(run(sgl, op, t), run_original(sgl, op, t))
+    assert sgl.originals[NAMES[op]].calls == 1 and installed_hook(sgl, NAMES[op]).enabled
+
+
+def symmetric_memory(monkeypatch, answer):
+    allocator = sys.modules[standins.PYNCCL_ALLOCATOR_MOD]
+    monkeypatch.setattr(allocator, "is_symmetric_memory_enabled", answer)
+
+
+def _unreadable():
+    raise RuntimeError("not answerable")
+
+
+@pytest.mark.parametrize("answer", [lambda: True, _unreadable], ids=["on", "unreadable"])
+@pytest.mark.parametrize("op", list(NAMES))
+def test_symmetric_memory_keeps_sglang_layer_input(sgl, monkeypatch, measured, op, answer):
+    """SGLang allocates mhc_pre's and the boundary's layer_input in NCCL symmetric memory (the
+    MoE writes into it, the all-reduce reads it): with --enable-symm-mem they stay SGLang's.
+    mhc_post's output is an ordinary allocation in SGLang too: it stays ours."""
+    symmetric_memory(monkeypatch, answer)
+    sgl.install()
+    t = make_inputs(3)
+    assert_close(run(sgl, op, t), run_original(sgl, op, t), "symmetric memory")
+    assert sgl.originals[NAMES[op]].calls == (0 if op == "mhc_post" else 1)
+    assert installed_hook(sgl, NAMES[op]).enabled
+
+
+def test_sglang_allocates_layer_input_in_symmetric_memory():
+    """SGLang's mhc_pre and mhc_fused_post_pre allocate layer_input under use_symmetric_memory;
+    mhc_post allocates with empty_like (what the step-aside rule above assumes)."""
+    tree, _ = standins.parse(standins.MHC_FILE)
+    functions = {n.name: ast.unparse(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for name, output in (("mhc_pre", "layer_input"), ("mhc_fused_post_pre", "layer_input_cur")):
+        source = functions[name]
+        block = source[source.index("with use_symmetric_memory("):]
+        assert block.split("\n")[1].strip().startswith(f"{output} = torch.empty("), name
+    assert "use_symmetric_memory" not in functions["mhc_post"]
+    _, allocator = standins.parse(
+        "srt/distributed/device_communicators/pynccl_allocator.py")
+    assert "def is_symmetric_memory_enabled():" in allocator
+
+
+@pytest.mark.parametrize("op", list(NAMES))
+def test_eager_only_shape_warms_sglang_once_before_a_capture(sgl, monkeypatch, measured, op):
+    """Eager table: ours; graph table: SGLang's (mhc_post at T <= 64 in the shipped tables).
+    The first eager call of a shape returns ours and runs SGLang's once (dropped), so SGLang's
+    kernels are compiled before a capture records them; later eager calls run ours alone, and
+    the capture runs SGLang's."""
+    measured(op=op, spans=(), mode="graph")
+    launches = []
+    real = getattr(hooks, OUR_OPS[op])
+    monkeypatch.setattr(hooks, OUR_OPS[op], lambda *a, **k: launches.append(1) or real(*a, **k))
+    sgl.install()
+    original = sgl.originals[NAMES[op]]
+    t = make_inputs(3)
+    expected = run_original(sgl, op, t)
+    assert_close(run(sgl, op, t), expected, "first eager call")
+    assert len(launches) == 1 and original.calls == 1, "ours returned, SGLang's warmed"
+    run(sgl, op, t)
+    assert len(launches) == 2 and original.calls == 1, "warmed once per shape"
+    run(sgl, op, make_inputs(5))
+    assert len(launches) == 3 and original.calls == 2, "a new shape warms again"
+    monkeypatch.setattr(hooks, "_capturing", lambda index: True)
+    assert equal(run(sgl, op, t), expected)
+    assert len(launches) == 3 and original.calls == 3, "SGLang's inside the capture, once"
+    assert installed_hook(sgl, NAMES[op]).enabled
+
+
+def test_shapes_the_tables_split_between_modes_are_warmed(monkeypatch):
+    """Every (op, T, H) the shipped tables give to ours eagerly and to SGLang's in a graph is one
+    the hook warms; the shipped mhc_post (T <= 64) and mhc_pre (17-32) are such shapes."""
+    split = {(op, T, H) for op in hooks.TABLES for H in (4096, 7168) for T in range(1, 129)
+             if hooks.prefers_dsv4spec(op, T, H, False) and not hooks.prefers_dsv4spec(
+                 op, T, H, True)}
+    assert ("mhc_post", 1, 7168) in split  # SGLang's load-time prewarm shape
+    warms = []
+    for op, T, H in sorted(split):
+        monkeypatch.setattr(hooks, "_warm_pending", None)
+        monkeypatch.setattr(hooks, "_original_warmed", set())
+        monkeypatch.setattr(hooks, "_compiled", set())
+        residual = torch.zeros(T, 4, H, dtype=torch.bfloat16)
+        hooks._run(op, residual, (T, H), lambda: "ours")
+        warms.append(hooks._warm_pending is not None)
+    assert all(warms)
+
+
+def test_sglang_exception_while_warming_propagates(sgl, monkeypatch, measured):
+    measured(op="mhc_post", spans=(), mode="graph")
+    sgl.install()
+    hook = installed_hook(sgl, MHC_POST)
+    t = make_inputs(3)
+
+    def sglang_fails(*args, **kwargs):
+        raise AssertionError("SGLang's own check")
+
+    with pytest.raises(AssertionError, match="SGLang's own check"):
+        hook(sglang_fails, t["x"], t["residual"], t["post"], t["comb"])
+    assert hook.enabled
+
+
+@pytest.mark.parametrize("op", ["mhc_pre", "mhc_fused_post_pre"])
+def test_compiled_without_norm_weight_is_not_compiled_with_it(sgl, monkeypatch, measured, op):
+    """A shape compiled eagerly without norm_weight (another kernel variant: no RMSNorm) is not
+    compiled with it: inside a capture a call with norm_weight runs SGLang's function."""
+    launches = []
+    real = getattr(hooks, OUR_OPS[op])
+    monkeypatch.setattr(hooks, OUR_OPS[op], lambda *a, **k: launches.append(1) or real(*a, **k))
+    sgl.install()
+    t = make_inputs(3)
+    run(sgl, op, t, norm=False)
+    assert len(launches) == 1 and sgl.originals[NAMES[op]].calls == 0
+    monkeypatch.setattr(hooks, "_capturing", lambda index: True)
+    assert equal(run(sgl, op, t, norm=True), run_original(sgl, op, t, norm=True))
+    assert len(launches) == 1 and sgl.originals[NAMES[op]].calls == 1
+    run(sgl, op, t, norm=False)  # the shape compiled without it still runs ours
+    assert len(launches) == 2 and sgl.originals[NAMES[op]].calls == 1

@@ -239,10 +239,10 @@ def test_fallback_runs_the_original_and_remembers_the_verdict(sgl, monkeypatch, 
 def test_capture_without_helper_runs_the_original_and_builds_later(sgl, monkeypatch):
     sgl.install()
     pool = kv_pool(sgl)
-    monkeypatch.setattr(rollback, "_capturing", lambda device: True)
-    check(pool, *batch())
-    assert plan(pool) is None and sgl.originals[ROLLBACK].calls == 1
-    monkeypatch.undo()
+    with monkeypatch.context() as capture:  # undoes only this (the fixture's patches stay)
+        capture.setattr(rollback, "_capturing", lambda device: True)
+        check(pool, *batch())
+        assert plan(pool) is None and sgl.originals[ROLLBACK].calls == 1
     check(pool, *batch(([2], [3], [2])))
     assert plan(pool).cleanup is not None and sgl.originals[ROLLBACK].calls == 1
 

@@ -3,8 +3,8 @@
 Supported SGLang versions: 0.5.23.
 
 Installed through the ``sglang.srt.plugins`` entry point ``dsv4spec`` (``pip install
-dsv4spec[sglang]``); SGLang calls :func:`register` in every process. Six AROUND hooks under
-four switches (``0`` turns a switch's hooks off; default on):
+dsv4spec[sglang]``); SGLang calls :func:`register` in every process. Twelve AROUND hooks
+under five switches (``0`` turns a switch's hooks off; default on; the list: ``plugin.HOOKS``):
 
 - ``DSV4SPEC_SGLANG_ROLLBACK``: ``DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states``,
   one fused launch for every C128 state instead of one per layer;
@@ -14,11 +14,19 @@ four switches (``0`` turns a switch's hooks off; default on):
   it measured faster than SGLang's ``fused_hc_head``;
 - ``DSV4SPEC_SGLANG_MHC``: ``mhc_pre``, ``mhc_post`` and ``mhc_fused_post_pre`` of
   ``sglang.kernels.ops.layernorm.mhc``, dsv4spec's mHC ops where the measured tables of
-  :mod:`dsv4spec.integrations.sglang.mhc` say they are faster (empty until measured: SGLang's
-  own everywhere).
+  :mod:`dsv4spec.integrations.sglang.mhc` say they are faster;
+- ``DSV4SPEC_SGLANG_METADATA``: six DSV4 attention-metadata targets (the page table and the C128
+  page indices bounded by the live length, the verify row expansion, ``DSV4AttnMetadata``'s
+  compression and FlashMLA fields in one launch, the draft-decode steps the draft loop reads;
+  :mod:`dsv4spec.integrations.sglang.metadata`, :mod:`dsv4spec.integrations.sglang.
+  draft_metadata`).
 
-Each falls back to SGLang's original wherever dsv4spec's path cannot apply. Importing this
-package does not import ``sglang``.
+Every hook runs dsv4spec's path only while SGLang serves DeepSeek-V4 (the HF config's
+``model_type``, :mod:`dsv4spec.integrations.sglang.served_model`) and falls back to SGLang's
+original wherever dsv4spec's path cannot apply. A failure before dsv4spec's first launch of a
+call switches that hook off and SGLang's original serves the call; a failure after a launch
+inside a CUDA-graph capture cannot be undone (the capture is invalidated), so everything that
+can fail is checked before the first launch. Importing this package does not import ``sglang``.
 """
 
 from dsv4spec.integrations.sglang.plugin import register

@@ -33,8 +33,11 @@ source (``tests/integrations/sglang/test_draft_metadata.py`` pins each point to 
 The hook steps aside (SGLang's method runs) unless all of this is what it sees: one of SGLang's
 two CUDA multi-step classes with SGLang's step classes, ``speculative_num_steps >= 2`` matching
 ``get_spec()``'s and the step list, each step's ``speculative_step_id`` its index, a DECODE batch,
-an in-tree platform (an out-of-tree platform brings its own draft graph runner), and no
-``torch.compile`` tracing. The per-step calls are SGLang's own, in SGLang's order.
+an in-tree platform (an out-of-tree platform brings its own draft graph runner), no
+``torch.compile`` tracing, and DeepSeek-V4 served (:mod:`~dsv4spec.integrations.sglang.
+served_model`). The per-step calls are SGLang's own, in SGLang's order, made outside the guard:
+an exception from one of them is SGLang's and propagates untouched, as it would from SGLang's
+method (the guard covers only the decision, which launches nothing).
 
 Not done here, with the reason:
 
@@ -50,6 +53,7 @@ Not done here, with the reason:
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Any
@@ -57,6 +61,7 @@ from typing import Any
 import torch
 
 from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
@@ -123,6 +128,26 @@ def steps_the_draft_loop_reads(backend: Any, forward_batch: Any) -> list | None:
     return steps[:-1]
 
 
+def _build_steps(steps: list, forward_batch: Any) -> None:
+    for step in steps:
+        step.init_forward_metadata_in_graph(forward_batch)
+
+
+def _sglang_decides(*args: Any, **kwargs: Any) -> Any:
+    return STEP_ASIDE
+
+
+class DraftMetadataHook(GuardedHook):
+    """A GuardedHook whose fast path only decides (the steps' builds, or STEP_ASIDE); the
+    builds, SGLang's own calls, run after the guard, so their exceptions propagate."""
+
+    def __call__(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        build = super().__call__(_sglang_decides, *args, **kwargs)
+        if build is STEP_ASIDE:
+            return original(*args, **kwargs)
+        return build()
+
+
 def make_draft_metadata_hook(module: Any = None) -> GuardedHook:
     """The AROUND hook for ``DeepseekV4MultiStepBackend.init_forward_metadata_in_graph``."""
 
@@ -130,9 +155,7 @@ def make_draft_metadata_hook(module: Any = None) -> GuardedHook:
         steps = steps_the_draft_loop_reads(self, forward_batch)
         if steps is None:
             return STEP_ASIDE
-        for step in steps:
-            step.init_forward_metadata_in_graph(forward_batch)
-        return None
+        return functools.partial(_build_steps, steps, forward_batch)
 
-    return GuardedHook("DSV4 draft-decode metadata", init_forward_metadata_in_graph, logger,
-                       "SGLang")
+    return DraftMetadataHook("DSV4 draft-decode metadata",
+                             only_for_dsv4(init_forward_metadata_in_graph), logger, "SGLang")

@@ -34,6 +34,7 @@ from dsv4spec.integrations.hooks import (
     gpu_architecture,
     measured_faster,
 )
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head import HC
@@ -194,8 +195,8 @@ def target_hc_head(
 
 
 def make_draft_hook(module: Any = None) -> GuardedHook:
-    return GuardedHook("draft hc_head", draft_hc_head, logger, "SGLang")
+    return GuardedHook("draft hc_head", only_for_dsv4(draft_hc_head), logger, "SGLang")
 
 
 def make_target_hook(module: Any = None) -> GuardedHook:
-    return GuardedHook("target hc_head", target_hc_head, logger, "SGLang")
+    return GuardedHook("target hc_head", only_for_dsv4(target_hc_head), logger, "SGLang")

@@ -98,6 +98,7 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
     run_where_measured_faster,
 )
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops.attention_metadata import (
@@ -301,7 +302,8 @@ def make_page_table_hook(module: ModuleType) -> GuardedHook:
         except (ValueError, TypeError) as e:  # the op's input checks, before any launch
             return _rejected(PAGE_TABLE, e)
 
-    return GuardedHook("DSV4 page table", build_page_table_positions_triton, logger, "SGLang")
+    return GuardedHook("DSV4 page table", only_for_dsv4(build_page_table_positions_triton),
+                       logger, "SGLang")
 
 
 def make_compressed_metadata_hook(module: ModuleType | None = None) -> GuardedHook:
@@ -330,8 +332,8 @@ def make_compressed_metadata_hook(module: ModuleType | None = None) -> GuardedHo
         except (ValueError, TypeError) as e:
             return _rejected(COMPRESSED, e)
 
-    return GuardedHook("DSV4 compressed metadata", _init_compressed_attn_metadata_triton, logger,
-                       "SGLang")
+    return GuardedHook("DSV4 compressed metadata",
+                       only_for_dsv4(_init_compressed_attn_metadata_triton), logger, "SGLang")
 
 
 def _arange_device_matches(kwargs: Any, device: torch.device) -> bool:
@@ -373,8 +375,8 @@ def make_expand_hook(module: ModuleType | None = None) -> GuardedHook:
         except (ValueError, TypeError) as e:
             return _rejected(EXPAND, e)
 
-    return GuardedHook("DSV4 verify row expansion", expand_extend_with_same_length, logger,
-                       "SGLang")
+    return GuardedHook("DSV4 verify row expansion", only_for_dsv4(expand_extend_with_same_length),
+                       logger, "SGLang")
 
 
 # The C4 sparse fields init_compression_metadata's launch computed for init_flashmla_related:
@@ -453,8 +455,8 @@ def make_compression_metadata_hook(module: ModuleType | None = None) -> GuardedH
         self.swa_page_indices = out.swa_page_indices
         return None
 
-    return GuardedHook("DSV4 compression metadata", init_compression_metadata, logger,
-                       "SGLang")
+    return GuardedHook("DSV4 compression metadata", only_for_dsv4(init_compression_metadata),
+                       logger, "SGLang")
 
 
 def _take_pending_sparse(metadata: Any) -> tuple | None:
@@ -499,4 +501,5 @@ def make_flashmla_related_hook(module: ModuleType) -> GuardedHook:
         self.c128_flashmla_metadata = create() if 128 in self.present_ratios else None
         return None
 
-    return GuardedHook("DSV4 FlashMLA metadata", init_flashmla_related, logger, "SGLang")
+    return GuardedHook("DSV4 FlashMLA metadata", only_for_dsv4(init_flashmla_related), logger,
+                       "SGLang")

@@ -20,13 +20,24 @@ below say ours is faster, and steps aside (SGLang's function runs with the same 
 everywhere else: ROCm, GPU architectures or widths absent from the tables, ``torch.compile``,
 SGLang's deterministic inference or batch-invariant mode (our split-K tiling depends on the token
 count), inputs our ops do not cover (hc_mult other than 4, dtypes other than SGLang's, empty or
-non-contiguous inputs, extra leading dimensions, ``hc_pre_eps != hc_sinkhorn_eps``), and a first
-sight of a shape inside a CUDA-graph capture (nothing compiles there).
+non-contiguous inputs, extra leading dimensions, ``hc_pre_eps != hc_sinkhorn_eps``), a first
+sight of a shape inside a CUDA-graph capture (nothing compiles there), a model other than
+DeepSeek-V4 (GLM-5-next calls the same functions; :mod:`~dsv4spec.integrations.sglang.
+served_model`), and, for ``mhc_pre`` and ``mhc_fused_post_pre``, SGLang's symmetric memory
+(``--enable-symm-mem``): SGLang allocates their ``layer_input`` in NCCL symmetric memory, where
+the MoE writes its output and the all-reduce reads it; ours would come from the ordinary
+allocator, so SGLang's own runs.
+
+Where a table gives a shape to ours eagerly and to SGLang's in a graph (``mhc_post`` at T <= 64,
+``mhc_pre`` at 17-32 tokens), SGLang's function also runs once eagerly for that shape at the
+first such call (result dropped), so its TileLang kernel is compiled before SGLang captures it,
+as SGLang's load-time prewarm would have done had it not reached ours.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -42,6 +53,7 @@ from dsv4spec.integrations.hooks import (
     run_where_measured_faster,
 )
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
@@ -82,6 +94,12 @@ MEASURED_MAX_TOKENS: dict[str, int | None] = {
 _warned: set[str] = set()
 # Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
 _compiled: set[tuple] = set()
+# Launch shapes SGLang's function has run eagerly through the hook (see _WarmsOriginal).
+_original_warmed: set[tuple] = set()
+# The shape whose eager call ran ours while the graph table keeps SGLang's: the hook runs
+# SGLang's function once for it after the fast path returns.
+_warm_pending: tuple | None = None
+PYNCCL_ALLOCATOR_MODULE = "sglang.srt.distributed.device_communicators.pynccl_allocator"
 
 
 def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
@@ -127,12 +145,33 @@ def _run(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
     if (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(residual.device)
             or sglang_deterministic()):
         return STEP_ASIDE
+    global _warm_pending
     index = residual.get_device()
     architecture = _architecture(index)
     T, _, H = residual.shape
-    return run_where_measured_faster(
-        (op, index, *key), _compiled, _capturing(index),
-        lambda in_graph: prefers_dsv4spec(op, T, H, in_graph, architecture), launch)
+    key, capturing = (op, index, *key), _capturing(index)
+
+    def prefers(in_graph: bool) -> bool:
+        return prefers_dsv4spec(op, T, H, in_graph, architecture)
+
+    result = run_where_measured_faster(key, _compiled, capturing, prefers, launch)
+    if (result is not STEP_ASIDE and not capturing and key not in _original_warmed
+            and not prefers(True)):
+        _warm_pending = key
+    return result
+
+
+def sglang_symmetric_memory() -> bool:
+    """Whether SGLang may allocate ``layer_input`` in NCCL symmetric memory: its own
+    ``is_symmetric_memory_enabled()`` (``--enable-symm-mem``) where SGLang's allocator module is
+    loaded; True where that module is loaded but does not answer."""
+    allocator = sys.modules.get(PYNCCL_ALLOCATOR_MODULE)
+    if allocator is None:  # SGLang's mhc file imports it: not loaded, not in use
+        return False
+    try:
+        return bool(allocator.is_symmetric_memory_enabled())
+    except Exception:  # noqa: BLE001 - renamed or failing: not known to be off
+        return True
 
 
 def _rejected(op: str, error: Exception) -> Any:
@@ -198,7 +237,7 @@ def fast_mhc_pre(
     ``n_splits`` and ``n_splits_pre`` only tile SGLang's GEMM; SGLang asserts ``n_splits == 1``
     where DeepGEMM is absent, so any other value steps aside and meets SGLang's own checks.
     """
-    if not _streams_ok(residual) or n_splits != 1:
+    if not _streams_ok(residual) or n_splits != 1 or sglang_symmetric_memory():
         return STEP_ASIDE
     kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
                          sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
@@ -252,7 +291,8 @@ def fast_mhc_fused_post_pre(
     ``n_splits`` and ``tile_n`` only tile SGLang's kernels (it overrides both from the token
     count); they do not change the result and are ignored.
     """
-    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+    if (not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix)
+            or sglang_symmetric_memory()):
         return STEP_ASIDE
     kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
                          sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
@@ -276,8 +316,6 @@ def fast_mhc_fused_post_pre(
 def _forget_cached_mhc_ops() -> None:
     """Empty ``get_mhc_ops``'s cache if DeepSeek-V4 already filled it (a forward before the
     plugin loaded), so that its next call reads the hooked ``mhc_fused_post_pre``."""
-    import sys
-
     model = sys.modules.get("sglang.srt.models.deepseek_v4")
     get_mhc_ops = getattr(model, "get_mhc_ops", None)
     cache_clear = getattr(get_mhc_ops, "cache_clear", None)
@@ -290,14 +328,32 @@ def _forget_cached_mhc_ops() -> None:
                        type(e).__name__, e)
 
 
+class _WarmsOriginal(GuardedHook):
+    """A GuardedHook that, after an eager call ours served for a shape the graph table gives to
+    SGLang, runs SGLang's function once with the same arguments (result dropped): its kernels
+    compile here, not inside SGLang's first capture of that shape. Outside the guard: an
+    exception from SGLang's own function is SGLang's and propagates."""
+
+    def __call__(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        global _warm_pending
+        _warm_pending = None
+        result = super().__call__(original, *args, **kwargs)
+        key, _warm_pending = _warm_pending, None
+        if key is not None:
+            original(*args, **kwargs)
+            _original_warmed.add(key)
+        return result
+
+
 def make_mhc_pre_hook(module: Any = None) -> GuardedHook:
-    return GuardedHook("mHC mhc_pre", fast_mhc_pre, logger, "SGLang")
+    return _WarmsOriginal("mHC mhc_pre", only_for_dsv4(fast_mhc_pre), logger, "SGLang")
 
 
 def make_mhc_post_hook(module: Any = None) -> GuardedHook:
-    return GuardedHook("mHC mhc_post", fast_mhc_post, logger, "SGLang")
+    return _WarmsOriginal("mHC mhc_post", only_for_dsv4(fast_mhc_post), logger, "SGLang")
 
 
 def make_mhc_fused_post_pre_hook(module: Any = None) -> GuardedHook:
     _forget_cached_mhc_ops()
-    return GuardedHook("mHC mhc_fused_post_pre", fast_mhc_fused_post_pre, logger, "SGLang")
+    return _WarmsOriginal("mHC mhc_fused_post_pre", only_for_dsv4(fast_mhc_fused_post_pre),
+                          logger, "SGLang")

@@ -18,6 +18,7 @@ import torch
 
 from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import C128DraftCleanup
 
@@ -135,4 +136,5 @@ def make_rollback_hook(pool_module: ModuleType) -> GuardedHook:
             return STEP_ASIDE
         return None
 
-    return GuardedHook("C128 rollback", clear_unaccepted_c128_draft_states, logger, "SGLang")
+    return GuardedHook("C128 rollback", only_for_dsv4(clear_unaccepted_c128_draft_states), logger,
+                       "SGLang")

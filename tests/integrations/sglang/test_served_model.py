@@ -1,0 +1,141 @@
+"""The hooks run dsv4spec's path only while SGLang serves DeepSeek-V4 (the HF config's
+``model_type`` from SGLang's ``process_model_config()``); SGLang's source pinned to what the check
+reads."""
+
+import ast
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+from dsv4spec.integrations.hooks import STEP_ASIDE
+from dsv4spec.integrations.sglang import served_model
+
+from . import standins
+from .conftest import DRAFT, ROLLBACK, TARGET
+from .test_guards import measured_table  # noqa: F401 - the fixture
+from .test_hc_head import HC_EPS, NORM_EPS, make_inputs
+from .test_rollback import batch, check, kv_pool
+
+LOGGER = "dsv4spec.integrations.sglang"
+RUNTIME_CONTEXT_FILE = "srt/runtime_context.py"
+DSV41_CONFIG_FILE = "srt/configs/deepseek_v41.py"
+DSV4_CONFIG_FILE = "srt/configs/deepseek_v4.py"
+OTHER_MODELS = ["deepseek_v41", "glm5_next", "deepseek_v3"]
+
+
+def spy():
+    calls = []
+
+    def fast(*args, **kwargs):
+        calls.append(args)
+        return "ours"
+
+    return calls, served_model.only_for_dsv4(fast)
+
+
+def test_dsv4_runs_the_fast_path(serves):
+    serves("deepseek_v4")
+    calls, gated = spy()
+    assert gated(1, 2) == "ours" and calls == [(1, 2)]
+    assert served_model._serves_dsv4 is True  # remembered
+
+
+@pytest.mark.parametrize("model_type", OTHER_MODELS)
+def test_other_models_step_aside_with_one_warning(serves, caplog, model_type):
+    serves(model_type)
+    calls, gated = spy()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert gated(1) is STEP_ASIDE and gated(2) is STEP_ASIDE
+    assert calls == []
+    assert served_model._serves_dsv4 is False
+    said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(said) == 1 and repr(model_type) in said[0]
+
+
+def test_unpublished_configuration_steps_aside_and_asks_again(serves):
+    serves(None)  # process_model_config() raises, as before SGLang publishes its arguments
+    calls, gated = spy()
+    assert gated() is STEP_ASIDE and calls == [] and served_model._serves_dsv4 is None
+    standins.serve_model(sys.modules[standins.RUNTIME_CONTEXT_MOD])
+    assert gated() == "ours" and len(calls) == 1
+
+
+def test_without_sglang_runtime_context_steps_aside(monkeypatch):
+    monkeypatch.delitem(sys.modules, standins.RUNTIME_CONTEXT_MOD, raising=False)
+    monkeypatch.setattr(served_model, "_serves_dsv4", None)
+    calls, gated = spy()
+    assert gated() is STEP_ASIDE and calls == [] and served_model._serves_dsv4 is None
+
+
+@pytest.mark.parametrize("model_type", [None, 4, ["deepseek_v4"]])
+def test_unreadable_model_type_steps_aside(serves, monkeypatch, model_type):
+    serves()
+    context = sys.modules[standins.RUNTIME_CONTEXT_MOD]
+    monkeypatch.setattr(context, "process_model_config",
+                        lambda: types.SimpleNamespace(hf_config=types.SimpleNamespace(
+                            model_type=model_type)))
+    calls, gated = spy()
+    assert gated() is STEP_ASIDE and calls == []
+
+
+def test_under_torch_compile_nothing_is_read(dsv4_served, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(served_model, "serves_dsv4", lambda: pytest.fail("read while tracing"))
+    calls, gated = spy()
+    assert gated() is STEP_ASIDE and calls == []
+
+
+def test_every_installed_hook_is_gated(sgl):
+    sgl.install()
+    hooks = [entry[1] for entries in sgl.registry._hooks.values() for entry in entries]
+    assert len(hooks) == 12
+    gate = served_model.only_for_dsv4(lambda: None).__code__
+    for hook in hooks:
+        assert hook.fast.__code__ is gate, f"{hook.name} is not gated on the served model"
+
+
+def hc_head_and_rollback_calls(sgl):
+    """SGLang's call counts after one rollback and one target and draft hc_head each, calls the
+    DSV4 tests give to ours (the target's table filled for the test width)."""
+    sgl.install()
+    pool = kv_pool(sgl)
+    check(pool, *batch())
+    target = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
+    draft = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)
+    x, *weights = make_inputs(3, 40, torch.bfloat16)
+    target.hc_head(x, *weights)
+    draft.hc_head(x, *weights)
+    return [sgl.originals[t].calls for t in (ROLLBACK, TARGET, DRAFT)]
+
+
+@pytest.mark.parametrize("model_type", OTHER_MODELS + [None])
+def test_other_models_keep_sglang_hc_head_and_rollback(sgl, serves, measured_table, model_type):
+    serves(model_type)
+    assert hc_head_and_rollback_calls(sgl) == [1, 1, 1]
+
+
+def test_dsv4_gives_the_same_calls_to_ours(sgl, measured_table):
+    assert hc_head_and_rollback_calls(sgl) == [0, 0, 0]
+
+
+# --- SGLang's source: what the check reads -------------------------------------------------------
+
+
+def test_sglang_process_model_config_is_the_published_model_config():
+    tree, _ = standins.parse(RUNTIME_CONTEXT_FILE)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+              and n.name == "process_model_config")
+    assert not fn.args.args
+    assert "model_config_of(get_server_args())" in ast.unparse(fn)
+
+
+def test_sglang_model_types_of_dsv4_and_dsv41():
+    _, dsv4 = standins.parse(DSV4_CONFIG_FILE)
+    assert 'model_type: str = "deepseek_v4"' in dsv4
+    _, dsv41 = standins.parse(DSV41_CONFIG_FILE)
+    # DSV4.1 keeps its own model_type while its architecture becomes DSV4's
+    assert 'values["model_type"] = "deepseek_v41"' in dsv41
+    assert 'values["architectures"] = ["DeepseekV4ForCausalLM"]' in dsv41
