@@ -11,6 +11,9 @@ ours: hc_head 8.08 / 3.78 at T = 1 to 8.83 / 6.40 at 64; fused boundary 8.41 / 6
 25.1 / 16.7 (vLLM's faster from T = 256: 63.7 / 69.0); mhc_pre 8.90 / 6.34 to 21.4 / 13.6;
 mhc_post 3.25 / 1.40 to 3.54 / 2.74. Eager, ours was 4-7x faster per call at those sizes.
 H = 4096 (DSV4-Flash) was not measured: vLLM's kernels serve it until a measurement fills it.
+The graph and eager spans may differ: a shape the eager span gives to ours and the graph span to
+vLLM finds vLLM's kernel compiled before any capture, since vLLM compiles its TileLang kernels at
+warm-up (``kernel_config.enable_jit_warmup``, on by default) and in its eager dummy runs.
 """
 
 from __future__ import annotations
