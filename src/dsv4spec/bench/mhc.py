@@ -1,4 +1,4 @@
-"""mHC layer boundary: SGLang's TileLang kernels vs ours vs the eager torch reference.
+"""mHC layer boundary: SGLang's and vLLM's TileLang kernels vs ours vs the eager torch reference.
 
 Three ops of DSV4's hyper-connections (hc_mult 4, bf16 residual, fp32 parameters, Sinkhorn 20,
 RMSNorm of the layer input fused as DSV4's boundaries call it): ``pre`` (mix the streams into the
@@ -18,7 +18,9 @@ measured copy bandwidth; in a graph the inputs stay L2-resident across replays w
 the 60 MB L2 (the smaller T), so a call can beat the floor there. SGLang 0.5.23's
 ``mhc.py`` is its own file loaded by path (see ``dsv4spec.bench.sglang_mhc``), with DeepGEMM
 off, so its large-batch pre-norm GEMM is its TileLang one; its TileLang kernels compile at their
-first call (``first_call_ms``).
+first call (``first_call_ms``). vLLM 0.33.0's ``tilelang.py`` (``mhc_pre_tilelang``,
+``mhc_post_tilelang``, ``mhc_fused_post_pre_tilelang``) runs the same way from its source (see
+``dsv4spec.bench.vllm_kernels``), DeepGEMM likewise off.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import traceback
 
 import torch
 
-from dsv4spec.bench import common, sglang_mhc
+from dsv4spec.bench import common, sglang_mhc, vllm_kernels
 from dsv4spec.model import mhc as ref_mhc
 
 HC = 4
@@ -43,7 +45,7 @@ NORM_EPS = 1e-6
 SINKHORN_ITERS = 20
 POST_MULT = 2.0
 OPS = ("pre", "post", "post_pre")
-PROVIDERS = ("sglang", "ours", "torch")
+PROVIDERS = ("sglang", "vllm", "ours", "torch")
 WIDTHS = (4096, 7168)
 TOKENS = (1, 4, 16, 32, 64, 256, 1024, 4096)
 # one token count per SGLang kernel specialisation: FMA tile 2 and 3, the split-K pre and the
@@ -51,9 +53,10 @@ TOKENS = (1, 4, 16, 32, 64, 256, 1024, 4096)
 QUICK_TOKENS = (1, 16, 64, 4096)
 OURS_NAMES = {"pre": "mhc_pre", "post": "mhc_post", "post_pre": "mhc_post_pre"}
 COLUMNS = [
-    "op", "H", "T", "sglang_graph_us", "ours_graph_us", "torch_graph_us", "floor_us",
-    "sglang_eager_us", "ours_eager_us", "torch_eager_us", "ours_vs_sglang_graph",
-    "ours_vs_sglang_eager", "ours_pct_floor", "sglang_kernels",
+    "op", "H", "T", "sglang_graph_us", "vllm_graph_us", "ours_graph_us", "torch_graph_us",
+    "floor_us", "sglang_eager_us", "vllm_eager_us", "ours_eager_us", "torch_eager_us",
+    "ours_vs_sglang_graph", "ours_vs_vllm_graph", "ours_vs_sglang_eager", "ours_vs_vllm_eager",
+    "ours_pct_floor", "sglang_kernels",
 ]
 PROVIDER_COLUMNS = [
     "op", "H", "T", "provider", "graph_us", "graph_p20_us", "graph_p80_us", "eager_us",
@@ -164,6 +167,18 @@ def sglang_provider(peer, op: str, inp, norm: bool):
                                            inp["fn"], inp["scale"], inp["base"], *mix_args, **kw)
 
 
+def vllm_provider(peer, op: str, inp, norm: bool):
+    kw = {"norm_weight": inp["norm_weight"], "norm_eps": NORM_EPS} if norm else {}
+    mix_args = (RMS_EPS, HC_EPS, HC_EPS, POST_MULT, SINKHORN_ITERS)
+    if op == "pre":
+        return lambda: peer.mhc_pre(inp["residual"], inp["fn"], inp["scale"], inp["base"],
+                                    *mix_args, **kw)
+    if op == "post":
+        return lambda: peer.mhc_post(inp["f"], inp["residual"], inp["post3"], inp["comb"])
+    return lambda: peer.mhc_fused_post_pre(inp["f"], inp["residual"], inp["post3"], inp["comb"],
+                                           inp["fn"], inp["scale"], inp["base"], *mix_args, **kw)
+
+
 def ours_functions() -> dict[str, object]:
     """Our ops that exist (``dsv4spec.ops`` or ``dsv4spec.ops.mhc``), by benchmark op name."""
     found = {}
@@ -259,9 +274,10 @@ def wide_rows(rows: list[dict]) -> list[dict]:
                 w[f"{r['provider']}_{k}"] = r[k]
     for w in out.values():
         for kind in ("graph", "eager"):
-            s, o = w.get(f"sglang_{kind}_us"), w.get(f"ours_{kind}_us")
-            if s and o:
-                w[f"ours_vs_sglang_{kind}"] = s / o  # > 1: ours faster
+            for peer in ("sglang", "vllm"):
+                s, o = w.get(f"{peer}_{kind}_us"), w.get(f"ours_{kind}_us")
+                if s and o:
+                    w[f"ours_vs_{peer}_{kind}"] = s / o  # > 1: ours faster
         if w.get("ours_graph_us"):
             w["ours_pct_floor"] = 100 * w["floor_us"] / w["ours_graph_us"]
     return list(out.values())
@@ -275,7 +291,7 @@ def plot(rows: list[dict], path, ops=OPS) -> bool:
     ops = [op for op in ops if any(r["op"] == op for r in rows)]
     fig, axes = plt.subplots(2, len(ops), figsize=(6 * len(ops), 9), squeeze=False)
     widest = max(r["H"] for r in rows)
-    colours = {"sglang": "C0", "ours": "C1", "torch": "C2"}
+    colours = {"sglang": "C0", "vllm": "C3", "ours": "C1", "torch": "C2"}
     for j, op in enumerate(ops):
         for i, (column, what) in enumerate((("graph_us", "in a CUDA graph (device)"),
                                             ("eager_us", "eager, back-to-back (host wall)"))):
@@ -328,8 +344,9 @@ def write(args, name: str, record: dict, rows: list[dict], failures: list[str],
                "provider_rows": rows}
     notes = (f"Launch floor (empty Triton kernel): {floor['empty_kernel_graph_us']:.2f} µs in a "
              f"graph, {floor['empty_kernel_eager_us']:.2f} µs eager. Copy bandwidth "
-             f"{copy_bw / 1e12:.2f} TB/s. µs per call (medians). `ours_vs_sglang` > 1: ours "
-             "faster. " + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ")
+             f"{copy_bw / 1e12:.2f} TB/s. µs per call (medians). `ours_vs_sglang` and "
+             "`ours_vs_vllm` > 1: ours faster. "
+             + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ")
              + (f"\n\nFailures: {'; '.join(failures)}" if failures else ""))
     paths = common.write_results(args.out, name, payload, wide_rows(rows), COLUMNS, notes=notes)
     with open(paths[1], "a") as md:
@@ -355,12 +372,16 @@ def main(args: argparse.Namespace) -> int:
           f"{floor['empty_kernel_eager_us']:.2f} µs eager; copy {copy_bw / 1e12:.2f} TB/s",
           flush=True)
     peer = sglang_mhc.sglang_mhc_peer() if "sglang" in args.providers else None
+    vllm_peer = vllm_kernels.vllm_mhc_peer() if "vllm" in args.providers else None
     ours = ours_functions() if "ours" in args.providers else {}
     missing = [OURS_NAMES[op] for op in args.ops if op not in ours]
     if "ours" in args.providers and missing:
         print(f"ours: skipped for {', '.join(missing)} (not in dsv4spec.ops yet)")
     env["tilelang"] = _tilelang_version() if peer is not None else "not loaded"
     env["sglang"] = str(sglang_mhc.sglang_version()) if peer is not None else "not loaded"
+    if vllm_peer is not None and env["tilelang"] == "not loaded":
+        env["tilelang"] = _tilelang_version()
+    env["vllm"] = str(vllm_peer.version) if vllm_peer is not None else "not loaded"
     env["ours"] = ", ".join(f"{op}={getattr(f, '__module__', '?')}.{f.__name__}"
                             for op, f in ours.items()) or "absent"
     record = {"environment": env, "launch_floor": floor, "copy_bandwidth_Bps": copy_bw,
@@ -379,6 +400,10 @@ def main(args: argparse.Namespace) -> int:
                             if peer is None:
                                 continue
                             fn = sglang_provider(peer, op, inp, norm)
+                        elif provider == "vllm":
+                            if vllm_peer is None:
+                                continue
+                            fn = vllm_provider(vllm_peer, op, inp, norm)
                         elif provider == "ours":
                             if op not in ours:
                                 continue
@@ -434,6 +459,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             inp = make_inputs(r["T"], r["H"], seed=1000 * r["H"] + r["T"])
             fn = {"sglang": lambda: sglang_provider(peer, r["op"], inp, norm),
+                  "vllm": lambda: vllm_provider(vllm_peer, r["op"], inp, norm),
                   "ours": lambda: ours_provider(ours[r["op"]], r["op"], inp, norm),
                   "torch": lambda: torch_provider(r["op"], inp, norm)}[r["provider"]]()
             r["kernels"] = common.count_kernels(fn)

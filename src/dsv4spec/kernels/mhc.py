@@ -48,10 +48,15 @@ NMIX = (2 + HC) * HC  # 24 rows of fn: pre 0-3, post 4-7, comb 8-23
 SLOT_DIAG = NMIX  # ws slots 24-27: diagonal of G; 28-33: (01, 02, 03, 12, 13, 23)
 # The finalize as a programmatic dependent launch up to this many tokens (hc_head's bound)
 PDL_MAX_TOKENS = 16
-# mhc_post as a programmatic dependent launch (sm_90+)
-POST_PDL = False
-# bf16 streams from this many tokens: the partials on tensor cores
-MMA_MIN_TOKENS = 64
+# The partials as a programmatic dependent launch that loads fn before it waits, up to this many
+# tokens (with PDL)
+WAIT_MAX_TOKENS = 8
+# mhc_post as a programmatic dependent launch on sm_90+: 0.2-2.6 us faster at every measured T
+# (benchmarks/results/mhc_sweep.json)
+POST_PDL = True
+# bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
+# partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
+MMA_MIN_TOKENS = 128
 
 
 @triton.jit
@@ -670,18 +675,24 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         # by 0.4 and 1.2 us at T = 4 and 8)
         block_h = (128 if T <= 2 else 256 if T <= 4 else 512 if T <= 8 else 1024 if T <= 128
                    else 512)
-    if warps is None:
-        # the finalize's reductions stay in-warp shuffles with one warp
-        warps = (2 if T <= 2 or 16 < T <= 64 else 4, 1)
     if pdl is None:
         pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
     elif pdl and not supports_pdl(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
     if wait is None:
-        wait = False
+        # the partials as a dependent launch, fn loaded before the wait, up to 8 tokens: the
+        # boundary 0.3-0.75 us faster at T = 1-8 and 0.9 us slower at 16 (H = 7168;
+        # benchmarks/results/mhc_sweep.json)
+        wait = T <= WAIT_MAX_TOKENS
     wait = bool(wait and pdl and chunks_per_split == 1)
     if vector_sums is None:
-        vector_sums = False
+        # independent sums where the splits are many (112 at H = 7168): 0.1-0.6 us off the
+        # boundary there; at 64 splits (H = 4096) the tiles are as fast (mhc_sweep.json)
+        vector_sums = T <= 32 and num_splits >= 96
+    if warps is None:
+        # the finalize's reductions stay in-warp shuffles with one warp; a dependent partials
+        # launch at one token holds its fn columns in 4 warps' registers
+        warps = (4 if T == 1 and wait else 2 if T <= 2 or 16 < T <= 64 else 4, 1)
     prefetch_fn = bool((wait if prefetch_fn is None else prefetch_fn) and chunks_per_split == 1)
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    pdl, wait, bool(vector_sums), prefetch_fn or wait)
@@ -689,10 +700,11 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
 
 def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
                 warps) -> _Config:
-    # Tensor-core partials: 16-64 tokens per program (fn from L2 once per block), 64-wide
-    # chunks, about two programs per SM; the finalize as at large T on CUDA cores.
+    # Tensor-core partials: 32 tokens (128 rows) per program, 64-wide chunks, 8 warps, about
+    # two programs per SM (the best tiling of mhc_sweep.json from 256 tokens on, within 7 % of
+    # the best at 256); the finalize as at large T on CUDA cores.
     if block_t is None:
-        block_t = 16 if T < 256 else 32 if T < 1024 else 64
+        block_t = 32
     block_k = block_k or 64
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
@@ -702,7 +714,7 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     if block_h is None:
         block_h = 1024 if T <= 128 else 512
     if warps is None:
-        warps = (8 if block_t >= 64 else 4, 1)
+        warps = (8 if block_t >= 32 else 4, 1)
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True)
 
@@ -836,15 +848,17 @@ def mhc_post_pre_triton(
 def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                     comb: torch.Tensor, out: torch.Tensor | None = None,
                     block_h: int | None = None, pdl: bool | None = None,
-                    num_warps: int = 4) -> torch.Tensor:
+                    num_warps: int | None = None) -> torch.Tensor:
     """hc_post of contiguous tensors (T > 0) in 1 launch -> ``[T, 4, H]`` in ``residual.dtype``
     (allocated or ``out``)."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0
-    # 4 warps; 256-wide H-blocks up to 8 tokens (more programs in flight for a latency-bound
-    # call), 512 at 33-128, else 1024 (one 16-byte bf16 load per stream and thread), from
-    # benchmarks/results/mhc_sweep.json
-    block_h = block_h or (256 if T <= 8 else 512 if 32 < T <= 128 else 1024)
+    # H-blocks of 256 up to 2 tokens, 512 up to 8, 1024 up to 32 (4 warps); 256, then 512 with
+    # 2 warps above: the best of benchmarks/results/mhc_sweep.json per measured T
+    block_h = block_h or (256 if T <= 2 else 512 if T <= 8 else 1024 if T <= 32
+                          else 256 if T <= 128 else 512)
+    if num_warps is None:
+        num_warps = 4 if T <= 32 else 2
     device_index = residual.get_device()
     if pdl is None:
         pdl = POST_PDL and supports_pdl(device_index)
