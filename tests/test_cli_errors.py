@@ -7,11 +7,12 @@ process through ``main``, the same code without the process around it."""
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -77,6 +78,16 @@ def cases(folder):
     out += [
         ("empty prompt", ["generate", "--prompt", "", "--device", "cpu"], 2,
          "argument --prompt: must not be empty"),
+        ("a lone surrogate in the prompt", [*GEN[:1], "--prompt", "a\ud800b"], 2,
+         "argument --prompt: holds '\\ud800', a lone surrogate"),
+        ("prompt file missing", [*GEN[:1], "--prompt-file", str(folder / "nosuch.txt")], 2,
+         f"argument --prompt-file: cannot read {folder / 'nosuch.txt'}: No such file"),
+        ("prompt file empty", [*GEN[:1], "--prompt-file", str(folder / "empty.safetensors")],
+         2, f"argument --prompt-file: {folder / 'empty.safetensors'} is empty"),
+        ("no-spec with the default draft tokens", [*GEN, "--no-spec", "--num-draft-tokens", "4"],
+         2, "argument --no-spec: not allowed with argument --num-draft-tokens"),
+        ("checkpoint empty", [*GEN, "--checkpoint", ""], 2,
+         "argument --checkpoint: must not be empty"),
         ("no prompt", ["generate"], 2, "--prompt"),
         ("draft tokens and no-spec", [*GEN, "--num-draft-tokens", "3", "--no-spec"], 2,
          "argument --no-spec: not allowed with argument --num-draft-tokens"),
@@ -125,7 +136,9 @@ IN_PROCESS = {"max-new-tokens 1.5", "num-draft-tokens 0", f"num-draft-tokens "
               "dtype nosuch", "demo device tpu", "train-tiny steps -5", "train-tiny batch-size 0",
               "train-tiny lr 0", "train-tiny out is a directory", "unknown command",
               "no command", "unknown benchmark", "unknown option", "demo device cuda without CUDA",
-              "checkpoint: truncated", "checkpoint: unexpected tensor"}
+              "checkpoint: truncated", "checkpoint: unexpected tensor",
+              "a lone surrogate in the prompt", "prompt file missing", "prompt file empty",
+              "no-spec with the default draft tokens", "checkpoint empty"}
 
 
 def run_cli(argv, cwd, env=None):
@@ -191,11 +204,100 @@ def test_failures_at_run_time_are_one_line_with_status_1_and_debug_shows_the_tra
                    "detail (--debug shows the traceback)")
     for argv, env in ((["--debug", "generate", "--prompt", "x"], None),
                       (["generate", "--prompt", "x", "--debug"], None),
-                      (["generate", "--prompt", "x"], "1")):
+                      (["generate", "--prompt", "x"], "1"), (["generate", "--prompt", "x"], "yes"),
+                      (["generate", "--prompt", "x"], "TRUE")):
         if env:
             monkeypatch.setenv("DSV4SPEC_DEBUG", env)
-        with pytest.raises(RuntimeError, match="the kernel failed"):
-            main(argv)
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" in err and "in boom" in err, err
+        assert err.strip().splitlines()[-1] == ("dsv4spec generate: error: RuntimeError: the "
+                                                "kernel failed second line of detail")
+    for off in ("0", "false", "no", "off", "N", ""):
+        monkeypatch.setenv("DSV4SPEC_DEBUG", off)
+        assert main(["generate", "--prompt", "x"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1, (off, err)
+
+
+def test_a_switch_value_that_is_neither_on_nor_off_is_named_in_a_warning_and_is_off(
+        monkeypatch, caplog):
+    from dsv4spec.usage import env_switch
+
+    monkeypatch.setenv("DSV4SPEC_TEST_SWITCH", "maybe")
+    with caplog.at_level("WARNING", logger="dsv4spec"):
+        assert env_switch("DSV4SPEC_TEST_SWITCH", True) is False
+    assert "DSV4SPEC_TEST_SWITCH='maybe' is not a switch value" in caplog.text
+    monkeypatch.delenv("DSV4SPEC_TEST_SWITCH")
+    assert env_switch("DSV4SPEC_TEST_SWITCH", True) and not env_switch("DSV4SPEC_TEST_SWITCH",
+                                                                       False)
+
+
+def test_debug_keeps_the_exit_status_of_a_usage_error(capsys):
+    assert main(["--debug", "generate", "--prompt", "x", "--device", "tpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith(
+        "dsv4spec generate: error: argument --device: must be cpu, cuda or cuda:N")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4spec", *GEN[:3], "--max-new-tokens",
+                             "8", "--no-spec", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()  # `| head -c 0`: the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+def test_a_full_standard_output_is_named(tmp_path):
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "dsv4spec", *GEN, "--no-spec"], stdout=full,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        "dsv4spec generate: error: cannot write to standard output: No space left on device")
+
+
+def test_ctrl_c_during_generate_prints_its_message_on_a_line_of_its_own(tmp_path):
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dsv4spec", *GEN[:3],
+                                 "--max-new-tokens", "1000000", "--device", "cpu"],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
+        deadline = time.monotonic() + 120
+        while "tok/s" not in err_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)  # the progress bar has drawn a rate: inside the loop
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    text = err_path.read_text()
+    assert text.endswith("\ndsv4spec generate: interrupted\n") and "tok/s" in text, text[-500:]
+
+
+def test_memory_the_machine_lacks_names_what_needs_it(monkeypatch, capsys, tmp_path):
+    import dsv4spec.engine.run as run
+
+    long_prompt = tmp_path / "long.txt"
+    long_prompt.write_bytes(b"x = 1\n" * 150_000)  # 900 kB: its request state and prefill
+    cases = {  # the argument blamed: (budget, flags, message)
+        "--preset": (6 * 2**30, ["--prompt", "x", "--preset", "pro-shape", "--dtype", "float64"],
+                     "preset pro-shape in float64 does not fit: about "),
+        "--prompt": (400 * 2**20, ["--prompt-file", str(long_prompt)],
+                     "a 900000-byte prompt does not fit"),
+        "--prefill-chunk": (6 * 2**30, ["--prefill-chunk", "2048", "--prompt-file",
+                                        str(long_prompt)],
+                            "2048 tokens per prefill forward do not fit: about 19.9 GiB needed "
+                            "(parameters 1 MiB, request state 137 MiB, prefill 15.6 GiB, with "
+                            "headroom), cpu has 6.0 GiB available; try --prefill-chunk 512"),
+        "--max-new-tokens": (6 * 2**30, ["--max-new-tokens", "1000000"] + ["--prompt", "x"] * 64,
+                             "1000000 new tokens for 64 prompt(s) do not fit"),
+    }
+    for argument, (budget, flags, text) in cases.items():
+        monkeypatch.setattr(run, "available_bytes", lambda device: (budget, "available"))
+        assert main(["generate", "--device", "cpu", *flags]) == 2, argument
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"argument {argument}: {text}" in err, err
+        shown = f"{budget / 2**30:.1f} GiB" if budget >= 2**30 else f"{budget // 2**20} MiB"
+        assert f"cpu has {shown} available" in err, err
 
 
 def test_version_and_module_entry_point(tmp_path):
@@ -225,9 +327,11 @@ def test_every_option_has_help_and_choices_are_listed():
                 assert "--preset {tiny,flash-shape,pro-shape}" in help_text
                 assert "(default: 64)" in help_text and "(default: tiny)" in help_text
             if name == "train-tiny":
-                assert "(default: 1500)" in help_text and "2-4 s" in help_text
+                assert "(default: 1500)" in help_text and "0.2 s per step" in help_text
             if name == "demo":
                 assert "rollback is timed on CUDA only" in help_text
+            assert "``" not in help_text and ":class:" not in help_text, (name, bench)
+            assert "(default: )" not in help_text, (name, bench)
     assert seen > 50 and not missing, missing
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
+import traceback
 
 from dsv4spec import __version__
-from dsv4spec.usage import UsageError
+from dsv4spec.usage import UsageError, env_switch
 
 # Every command is a module with add_arguments(parser) and main(args) -> exit status; its help
 # is the first paragraph of the module's docstring. Only the module of the command asked for is
@@ -23,9 +25,12 @@ BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_c
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
 EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool whose reader went away exits with
 EPILOG = (f"exit status: 0 success; {EXIT_FAILED} a failure at run time (the demo: outputs "
           f"differ from the reference); {EXIT_USAGE} a bad argument, or `bench` without a CUDA "
-          f"GPU (one line on stderr, nothing written). --debug or DSV4SPEC_DEBUG=1: tracebacks")
+          f"GPU (one line on stderr, nothing written); {EXIT_INTERRUPTED} interrupted. --debug or "
+          f"DSV4SPEC_DEBUG=1: tracebacks too")
 DEBUG_ENV = "DSV4SPEC_DEBUG"
 
 
@@ -36,13 +41,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def plain(doc: str | None) -> str:
+    """A docstring as help text: reStructuredText's literals and roles as plain words."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc or "")
+    return doc.replace("``", "")
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Docstrings as written; every option's default after its help, unless the help says it."""
+    """Docstrings as written; every option's default after its help, unless the help says it
+    or there is none to show."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if (not action.option_strings or "default" in text or action.default is None
-                or action.default is False or action.default is argparse.SUPPRESS):
+                or action.default is False or action.default is argparse.SUPPRESS
+                or action.default in ("", [], ())):
             return text
         default = action.default
         if isinstance(default, (list, tuple)):
@@ -53,7 +66,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 def _summary(module) -> str:
     """The docstring's first paragraph without its leading "``dsv4spec name``: "."""
     line = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
-    return line.split("``: ", 1)[1] if line.startswith("``dsv4spec") and "``: " in line else line
+    line = line.split("``: ", 1)[1] if line.startswith("``dsv4spec") and "``: " in line else line
+    return plain(line)
 
 
 def _register(sub, table: dict[str, str], chosen: str | None, extra=None) -> None:
@@ -64,7 +78,7 @@ def _register(sub, table: dict[str, str], chosen: str | None, extra=None) -> Non
             sub.add_parser(name)  # listed, not imported
             continue
         mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=_summary(mod), description=mod.__doc__, epilog=EPILOG,
+        p = sub.add_parser(name, help=_summary(mod), description=plain(mod.__doc__), epilog=EPILOG,
                            formatter_class=_Formatter)
         _debug_option(p, argparse.SUPPRESS)
         if extra is not None:
@@ -94,7 +108,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: only the module of the command (and benchmark) it names is
     imported; every module when ``argv`` is None (help, tests)."""
     command = None if argv is None else _word(argv, 0)
-    parser = _Parser(prog="dsv4spec", description=__doc__, epilog=EPILOG,
+    parser = _Parser(prog="dsv4spec", description=plain(__doc__), epilog=EPILOG,
                      formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"dsv4spec {__version__}")
     _debug_option(parser, False)
@@ -111,11 +125,41 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class StdoutError(OSError):
+    """Standard output refused a write (a full disk, a closed terminal)."""
+
+
+class _NamedStdout:
+    """Standard output whose write errors say it was standard output."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = args.debug or env_switch(DEBUG_ENV, False)
     if args.command == "bench":
         import torch
 
@@ -123,28 +167,56 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: bench {args.bench} needs a CUDA GPU (none visible); nothing "
                   f"was written", file=sys.stderr)
             return EXIT_USAGE
+    stdout = sys.stdout
+    sys.stdout = _NamedStdout(stdout)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()
+        return status
     except UsageError as e:
-        if debug:
-            raise
+        _traceback(debug)
         print(f"{prog}: error: argument {e.argument}: {_one_line(e)} (see {prog} --help)",
               file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        if debug:
-            raise
+        _traceback(debug)
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence(stdout)  # the reader left (`| head`): stop quietly, as Unix tools do
+        return EXIT_BROKEN_PIPE
+    except StdoutError as e:
+        _silence(stdout)
+        _traceback(debug)
+        print(f"{prog}: error: cannot write to standard output: {e.strerror or e}",
+              file=sys.stderr)
+        return EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - one line for the user; --debug shows the traceback
-        if debug:
-            raise
+        _traceback(debug)
         if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
             what = f"out of memory ({_one_line(e)})" if str(e) else "out of memory"
         else:
             what = f"{type(e).__name__}: {_one_line(e)}"
-        print(f"{prog}: error: {what} (--debug shows the traceback)", file=sys.stderr)
+        hint = "" if debug else " (--debug shows the traceback)"
+        print(f"{prog}: error: {what}{hint}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        sys.stdout = stdout
+
+
+def _traceback(debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+
+
+def _silence(stream) -> None:
+    """Point ``stream``'s descriptor at /dev/null, so the interpreter's own flush at exit does
+    not report the same failure again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _one_line(e: BaseException) -> str:

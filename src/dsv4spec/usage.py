@@ -5,10 +5,32 @@ memory, a checkpoint's contents). The ``dsv4spec`` command reports each as one l
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads on first use: arguments are checked before its second of import
     import torch
+
+
+ON_VALUES = ("1", "true", "on", "yes", "y")
+OFF_VALUES = ("0", "false", "off", "no", "n", "")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """The boolean environment switch ``name`` (unset: ``default``): ``ON_VALUES`` or
+    ``OFF_VALUES``, any case; any other value is logged at WARNING, naming it, and is off."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word in ON_VALUES:
+        return True
+    if word not in OFF_VALUES:
+        logging.getLogger("dsv4spec").warning(
+            "%s=%r is not a switch value (on: %s; off: %s): treated as off", name, value,
+            "/".join(ON_VALUES), "/".join(v for v in OFF_VALUES if v))
+    return False
 
 
 class UsageError(ValueError):

@@ -221,3 +221,13 @@ def test_a_full_bucket_of_128_requests_with_forced_drafts_equals_greedy(model):
     engine.generate(reqs)
     assert [r.output for r in reqs] == [q.output for q in plain]
     assert {a for r in reqs for a in r.accept_lens} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("W,chunk", [(0, 5), (4, 5), (4, 16), (3, 7)])
+def test_chunked_prefill_equals_one_prefill_of_the_whole_prompt(model, greedy, W, chunk):
+    # chunk 5 splits every prompt (5, 23, 14 and 7 tokens) and crosses compressor blocks
+    # (ratios 4 and 16) and the window (16 + W rows) at offsets no other test covers
+    reqs, engine = run(model, W, join=True, prefill_chunk=chunk)
+    assert [r.output for r in reqs] == greedy
+    forwards = -(-23 // chunk) + -(-7 // chunk)  # the first three admitted together, one joins
+    assert len(engine.phase_walls["prefill"]) == forwards * (2 if W else 1)

@@ -28,6 +28,9 @@ ROLLBACKS = ("fused", "loop", "none")
 # ring, which holds two blocks under speculation (SGLang's 16 rows), and is the C128 rollback's
 # default max_num_draft_tokens; the engine's tests cover W = 2..8.
 MAX_NUM_DRAFT_TOKENS = 8
+# Prompt tokens per request per prefill forward: the attention scores of a chunk are
+# chunk x (window + chunk + entries), so a long prompt no longer holds its square at once.
+PREFILL_CHUNK = 512
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Engine:
     acceptance, the draft-extend and the draft decode chain each run per batch-size bucket
     (``buckets``, rows padded), captured in CUDA graphs with ``cuda_graphs=True``.
     ``draft_hc_head_impl`` picks the MTP block's hc_head (``None``: the model's).
+    ``prefill_chunk``: prompt tokens per request in one prefill forward (:meth:`admit`).
     ``draft_override`` and ``on_step`` are test hooks (forced acceptance, per-step checks).
     """
 
@@ -81,12 +85,15 @@ class Engine:
                  num_draft_tokens: int = 0, rollback: str = "fused",
                  rollback_in_verify: bool = True, draft_hc_head_impl: str | None = None,
                  draft_override=None, on_step=None, buckets: tuple[int, ...] = BUCKETS,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, prefill_chunk: int = PREFILL_CHUNK) -> None:
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback must be one of {ROLLBACKS}, got {rollback!r}")
         if not 0 <= num_draft_tokens <= MAX_NUM_DRAFT_TOKENS:
             raise ValueError(f"num_draft_tokens must lie in [0, {MAX_NUM_DRAFT_TOKENS}] (0 or 1: "
                              f"plain greedy), got {num_draft_tokens}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         if num_draft_tokens >= 2 and not model.mtp:
             raise ValueError("num_draft_tokens >= 2 needs a model with an MTP block")
         self.model = model
@@ -105,6 +112,7 @@ class Engine:
         # requests) runs after every step (state checks).
         self.draft_override = draft_override
         self.on_step = on_step
+        self.on_prefill = None  # on_prefill(engine, prompt tokens prefilled so far): progress
         self.phase_walls: dict[str, list[float]] = defaultdict(list)
         self.phase_events: dict[str, list] = defaultdict(list)
         self.verify = self.drafts = None
@@ -150,11 +158,12 @@ class Engine:
                              f"{self.state.max_seq_len} of the engine's state")
 
     def _target(self, reqs, rows, starts):
-        self._check_room(max(s + len(r) for r, s in zip(rows, starts)))
+        end = max(s + len(r) for r, s in zip(rows, starts))
+        self._check_room(end)
         toks, lengths = _pad(rows, self.device)
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
         return self.model(toks, self.state, slots, torch.tensor(starts, device=self.device),
-                          lengths), slots, lengths
+                          lengths, max_end=end), slots, lengths
 
     def _slots(self, reqs) -> torch.Tensor:
         return torch.tensor([r.slot for r in reqs], device=self.device)
@@ -176,28 +185,47 @@ class Engine:
                 r.drafts = list(self.draft_override(r))
 
     def admit(self, reqs: list[Request]) -> None:
-        """Prefill new requests (slots reset), emit their first token, start their drafts."""
+        """Prefill new requests (slots reset) in chunks of ``prefill_chunk`` tokens each, emit
+        their first token, start their drafts. Each chunk extends the state the previous one
+        left (as a decode step does), so the output equals one prefill of the whole prompt while
+        the attention scores held at once shrink from the prompt's square to chunk x prompt."""
         for r in reqs:
             if not self.free:
                 raise RuntimeError("no free slot")
             r.slot = self.free.pop(0)
             self.state.reset_slot(r.slot)
-        with self._phase("prefill"):
-            (logits, hidden), slots, lengths = self._target(reqs, [r.prompt for r in reqs],
-                                                            [0] * len(reqs))
-        last = [len(r.prompt) - 1 for r in reqs]
-        for b, r in enumerate(reqs):
-            r.length = len(r.prompt)
-            r.next_token = int(logits[b, last[b]].argmax())
-            r.emit([r.next_token])
-        if self.W:  # the MTP over the prompt (eager, any length): position p takes token p + 1
+        firsts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        c = self.prefill_chunk
+        for start in range(0, max(len(r.prompt) for r in reqs), c):
+            part = [r for r in reqs if len(r.prompt) > start]
             with self._phase("prefill"):
-                toks, _ = _pad([r.prompt[1:] + [r.next_token] for r in reqs], self.device)
+                (logits, hidden), slots, lengths = self._target(
+                    part, [r.prompt[start:start + c] for r in part], [start] * len(part))
+            ending = [b for b, r in enumerate(part) if len(r.prompt) <= start + c]
+            for b in ending:
+                r = part[b]
+                r.length = len(r.prompt)
+                r.next_token = int(logits[b, r.length - 1 - start].argmax())
+                r.emit([r.next_token])
+            if self.on_prefill is not None:
+                self.on_prefill(self, sum(min(len(r.prompt), start + c) for r in reqs))
+            if not self.W:
+                continue
+            # The MTP over the chunk (eager, any length): position p takes token p + 1, the
+            # verified-in token after a prompt's last position.
+            with self._phase("prefill"):
+                toks, _ = _pad([(r.prompt + [r.next_token])[start + 1:start + 1 + c]
+                                for r in part], self.device)
+                last = [min(len(r.prompt) - 1 - start, c - 1) for r in part]
                 first, h = draft_extend(self.model, self.state, toks, hidden, slots,
-                                        torch.zeros_like(lengths), lengths,
+                                        torch.full_like(lengths, start), lengths,
                                         torch.tensor(last, device=self.device),
                                         hc_head_impl=self.draft_hc_head_impl)
-            self._draft_chain(reqs, first, h)
+            for b in ending:
+                firsts[id(part[b])] = first[b], h[b]
+        if self.W:
+            self._draft_chain(reqs, torch.stack([firsts[id(r)][0] for r in reqs]),
+                              torch.stack([firsts[id(r)][1] for r in reqs]))
 
     def _decode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
         logits, _ = self.model(inputs["tokens"][:, None], self.state, inputs["slots"],

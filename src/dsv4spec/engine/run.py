@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-from dsv4spec.engine.generate import MAX_NUM_DRAFT_TOKENS, ROLLBACKS, Engine, Request
+from dsv4spec.engine.generate import (
+    MAX_NUM_DRAFT_TOKENS,
+    PREFILL_CHUNK,
+    ROLLBACKS,
+    Engine,
+    Request,
+)
 from dsv4spec.model.build import TINY_CHECKPOINT, build_model, packaged_checkpoint
 from dsv4spec.model.config import PRESETS, ModelConfig, preset
 from dsv4spec.model.model import Transformer
@@ -19,24 +27,46 @@ from dsv4spec.model.tokenizer import decode, encode
 from dsv4spec.model.weights import CheckpointError, check_weights
 from dsv4spec.usage import UsageError, int_in, nonempty, resolve_device
 
-HEADROOM = 1.25  # activations, allocator slack and the process itself, over params + state
-BASE_BYTES = 256 * 2**20
+DEFAULT_NUM_DRAFT_TOKENS = 4
+HEADROOM = 1.25  # allocator slack and temporaries over params + state + prefill
+BASE_BYTES = 256 * 2**20  # the process itself: torch's libraries and thread pools
+# Prefill chunks tried, largest first (fewer forwards) until one fits in memory.
+CHUNK_CHOICES = (2048, 1024, 512, 256, 128, 64, 16)
+
+
+def prompt_text(text: str) -> str:
+    """An argparse ``type``: a non-empty prompt the byte tokenizer can encode (undecodable bytes
+    in an argument arrive as surrogate escapes and are served as those bytes)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    try:
+        encode(text)
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"holds {text[e.start]!r}, a lone surrogate that is "
+                                         f"neither text nor an escaped byte; use --prompt-file "
+                                         f"for raw bytes") from None
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", action="append", required=True, type=nonempty,
-                        help="a prompt, non-empty text (repeat for a batch)")
+    parser.add_argument("--prompt", action="append", default=[], type=prompt_text,
+                        help="a prompt, non-empty text (repeat for a batch); any bytes an "
+                        "argument can hold are served as bytes")
+    parser.add_argument("--prompt-file", action="append", default=[], metavar="PATH",
+                        type=nonempty, help="a prompt read from a file, its bytes as they are "
+                        "(- reads standard input; repeat for a batch, after the --prompt ones)")
     parser.add_argument("--max-new-tokens", type=int_in(1), default=64,
                         help="tokens to generate per prompt, >= 1; with the longest prompt "
-                        "within the preset's context, and memory for its state checked "
+                        "within the preset's context, and memory for the run checked "
                         "before starting")
-    spec = parser.add_mutually_exclusive_group()
-    spec.add_argument("--num-draft-tokens", type=int_in(2, MAX_NUM_DRAFT_TOKENS,
-                                                        " (--no-spec: plain greedy)"),
-                      default=4, help=f"W, tokens per speculative step (the verified-in token "
-                      f"and W - 1 drafts), 2..{MAX_NUM_DRAFT_TOKENS}")
-    spec.add_argument("--no-spec", action="store_true", help="plain greedy decoding")
-    parser.add_argument("--checkpoint", default=None,
+    parser.add_argument("--num-draft-tokens", type=int_in(2, MAX_NUM_DRAFT_TOKENS,
+                                                          " (--no-spec: plain greedy)"),
+                        default=None, help=f"W, tokens per speculative step (the verified-in "
+                        f"token and W - 1 drafts), 2..{MAX_NUM_DRAFT_TOKENS}; default "
+                        f"{DEFAULT_NUM_DRAFT_TOKENS}")
+    parser.add_argument("--no-spec", action="store_true", help="plain greedy decoding (not "
+                        "with --num-draft-tokens)")
+    parser.add_argument("--checkpoint", default=None, type=nonempty,
                         help=f"safetensors weights of the preset (default for tiny: the "
                         f"packaged {TINY_CHECKPOINT.name}; other presets: random weights)")
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny",
@@ -47,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32",
                         help="model dtype (what DSV4 keeps in float32 stays float32)")
+    parser.add_argument("--prefill-chunk", type=int_in(1), default=None, metavar="N",
+                        help=f"prompt tokens per prefill forward (default: the largest of "
+                        f"{', '.join(map(str, CHUNK_CHOICES))} whose memory fits)")
     parser.add_argument("--rollback", choices=ROLLBACKS, default="fused",
                         help="C128 rollback after each verify: one fused launch, one launch "
                         "per layer, or none")
@@ -57,17 +90,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None, help="the MTP block's hc_head (default: as the target's)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="capture every decode-time phase per batch-size bucket (CUDA only)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: the outputs and what ran (prompts, preset, "
+                        "dtype, device, draft tokens, seconds)")
+
+
+def read_prompts(args: argparse.Namespace) -> list[bytes]:
+    """The prompts of ``--prompt`` then ``--prompt-file`` as bytes, or :class:`UsageError`."""
+    prompts = [p.encode("utf-8", "surrogateescape") for p in args.prompt]
+    for path in args.prompt_file:
+        try:
+            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        except OSError as e:
+            raise UsageError("--prompt-file", f"cannot read {path}: "
+                             f"{e.strerror or e}") from None
+        if not data:
+            raise UsageError("--prompt-file", f"{'standard input' if path == '-' else path} "
+                             f"is empty")
+        prompts.append(data)
+    if not prompts:
+        raise UsageError("--prompt", "give at least one --prompt or --prompt-file")
+    return prompts
 
 
 def _bytes(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def needed_bytes(cfg: ModelConfig, dtype: torch.dtype, num_slots: int, max_seq_len: int,
-                 num_draft_tokens: int) -> int:
-    """An estimate of the memory a run takes: the parameters as built (float32, then cast), the
-    engine's request state (measured on the meta device), times ``HEADROOM``, plus
+def prefill_bytes(cfg: ModelConfig, dtype: torch.dtype, num_prompts: int, chunk: int,
+                  max_seq_len: int, num_draft_tokens: int) -> int:
+    """What one prefill forward of ``chunk`` tokens per prompt allocates at its peak, late in a
+    prompt of ``max_seq_len`` (the most entries to attend to): a layer's attention scores
+    ``[B, chunk, heads, window + chunk + entries]`` in float32 or wider (scores, masked,
+    softmax with the sink, its contiguous copy), their masks, and the chunk's activations
+    through the widest layer."""
+    B, n, cs = num_prompts, chunk, max(dtype.itemsize, 4)
+    ratios = [r for r in cfg.compress_ratios if r]
+    keys = cfg.sliding_window + max(num_draft_tokens, 2) + n
+    keys += max_seq_len // min(ratios) + 1 if ratios else 0
+    scores = 4 * B * n * cfg.num_attention_heads * (keys + 1) * cs
+    masks = 4 * B * n * keys  # bool, one per layer kind and the window's
+    width = cfg.hc_mult * cfg.hidden_size
+    per_token = (8 * width + 4 * cfg.num_attention_heads * cfg.head_dim
+                 + 3 * cfg.intermediate_size + 3 * cfg.vocab_size)
+    return scores + masks + B * n * per_token * cs
+
+
+def memory_need(cfg: ModelConfig, dtype: torch.dtype, num_slots: int, max_seq_len: int,
+                num_draft_tokens: int, prefill_chunk: int) -> dict[str, int]:
+    """An estimate of the memory a run takes, in parts: the parameters as built (float32, then
+    cast), the engine's request state (measured on the meta device), a prefill forward at
+    ``prefill_chunk`` (:func:`prefill_bytes`); ``total`` is their sum times ``HEADROOM``, plus
     ``BASE_BYTES``."""
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -80,30 +153,78 @@ def needed_bytes(cfg: ModelConfig, dtype: torch.dtype, num_slots: int, max_seq_l
     state_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     state_bytes += sum(t.numel() * t.element_size() * (scale - 1)
                        for t in [*state.window, *state.entries] if t is not None)
-    return int((params + state_bytes) * HEADROOM) + BASE_BYTES
+    prefill = prefill_bytes(cfg, dtype, num_slots, prefill_chunk, max_seq_len, num_draft_tokens)
+    parts = {"parameters": params, "request state": int(state_bytes), "prefill": prefill}
+    parts["total"] = int(sum(parts.values()) * HEADROOM) + BASE_BYTES
+    return parts
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` (CUDA: the driver's; CPU: the kernel's MemAvailable), or None
-    when unknown."""
+def needed_bytes(cfg: ModelConfig, dtype: torch.dtype, num_slots: int, max_seq_len: int,
+                 num_draft_tokens: int, prefill_chunk: int = PREFILL_CHUNK) -> int:
+    """The total of :func:`memory_need`."""
+    return memory_need(cfg, dtype, num_slots, max_seq_len, num_draft_tokens,
+                       prefill_chunk)["total"]
+
+
+def available_bytes(device: torch.device) -> tuple[int, str] | None:
+    """Memory a run on ``device`` may take, and where the limit comes from (CUDA: the driver's
+    free memory; CPU: the least of the kernel's MemAvailable, the cgroup's limit less its use,
+    and ``ulimit -v`` less this process's address space), or None when unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return torch.cuda.mem_get_info(device)[0], "free"
+    limits = []
+    meminfo = _proc_fields("/proc/meminfo")
+    if "MemAvailable" in meminfo:
+        limits.append((meminfo["MemAvailable"], "available"))
     try:
-        with open("/proc/meminfo") as f:
+        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if cap != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            limits.append((int(cap) - used, "free under the cgroup's memory.max"))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        size = _proc_fields("/proc/self/status").get("VmSize", 0)
+        limits.append((soft - size, "free under ulimit -v"))
+    return min(limits) if limits else None
+
+
+def _proc_fields(path: str) -> dict[str, int]:
+    """``Name: value kB`` lines of a /proc file, in bytes."""
+    fields = {}
+    try:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                name, _, rest = line.partition(":")
+                words = rest.split()
+                if len(words) == 2 and words[1] == "kB" and words[0].isdigit():
+                    fields[name] = int(words[0]) * 1024
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return fields
 
 
-def check_args(args: argparse.Namespace) -> tuple[torch.device, ModelConfig, int, int]:
+def choose_prefill_chunk(need, free: int | None, longest: int, asked: int | None) -> int:
+    """``asked`` (at most the longest prompt), or the largest of ``CHUNK_CHOICES`` that fits in
+    ``free`` per ``need(chunk)`` (the smallest when none does)."""
+    if asked is not None:
+        return min(asked, longest)
+    chunks = [min(c, longest) for c in CHUNK_CHOICES]
+    for c in chunks:
+        if free is None or need(c)["total"] <= free:
+            return c
+    return chunks[-1]
+
+
+def check_args(args: argparse.Namespace) -> tuple[torch.device, ModelConfig, int, int, int]:
     """What the arguments ask checked against the model, the engine and this machine, before
-    anything runs: (device, config, W, the engine's max_seq_len), or :class:`UsageError`."""
+    anything runs: (device, config, W, the engine's max_seq_len, the prefill chunk), or
+    :class:`UsageError`. Sets ``args.prompts`` (bytes)."""
+    if args.no_spec and args.num_draft_tokens is not None:
+        raise UsageError("--no-spec", "not allowed with argument --num-draft-tokens (plain "
+                         "greedy drafts nothing)")
+    args.prompts = read_prompts(args)
     device = resolve_device(args.device)
     if args.cuda_graphs and device.type != "cuda":
         raise UsageError("--cuda-graphs", f"needs a CUDA device; this run is on {device}")
@@ -112,8 +233,8 @@ def check_args(args: argparse.Namespace) -> tuple[torch.device, ModelConfig, int
         raise UsageError("--draft-hc-head-impl", "triton needs a CUDA device (or "
                          "TRITON_INTERPRET=1 on the CPU); choose auto, eager or compiled")
     cfg = preset(args.preset)
-    W = 0 if args.no_spec else args.num_draft_tokens
-    longest = max(len(encode(p)) for p in args.prompt)
+    W = 0 if args.no_spec else args.num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
+    longest = max(len(p) for p in args.prompts)
     max_len = longest + args.max_new_tokens + 2 * max(W, 2)
     if max_len > cfg.max_position_embeddings:
         room = cfg.max_position_embeddings - longest - 2 * max(W, 2)
@@ -124,18 +245,44 @@ def check_args(args: argparse.Namespace) -> tuple[torch.device, ModelConfig, int
                          f"{args.preset}'s context is {cfg.max_position_embeddings} tokens, the "
                          f"longest prompt takes {longest}), got {args.max_new_tokens}")
     dtype = getattr(torch, args.dtype)
-    need = needed_bytes(cfg, dtype, len(args.prompt), max_len, W)
-    free = available_bytes(device)
-    if free is not None and need > free:
-        raise UsageError("--max-new-tokens", f"{args.max_new_tokens} new tokens for "
-                         f"{len(args.prompt)} prompt(s) of preset {args.preset} in {args.dtype} "
-                         f"need about {_bytes(need)}, {device} has {_bytes(free)} free; ask "
-                         f"for fewer tokens, prompts or a smaller preset")
-    return device, cfg, W, max_len
+    budget = available_bytes(device)
+    free = None if budget is None else budget[0]
+
+    def need(chunk: int) -> dict[str, int]:
+        return memory_need(cfg, dtype, len(args.prompts), max_len, W, chunk)
+
+    chunk = choose_prefill_chunk(need, free, longest, args.prefill_chunk)
+    parts = need(chunk)
+    if free is not None and parts["total"] > free:
+        raise UsageError(*_memory_refusal(args, parts, budget, device, chunk, longest, need))
+    return device, cfg, W, max_len, chunk
+
+
+def _memory_refusal(args, parts: dict[str, int], budget: tuple[int, str], device, chunk: int,
+                    longest: int, need) -> tuple[str, str]:
+    """The argument to blame for a run that does not fit, and the one-line message: the part
+    that needs the most names its argument."""
+    free, where = budget
+    spent = ", ".join(f"{k} {_bytes(v)}" for k, v in parts.items() if k != "total")
+    head = (f"about {_bytes(parts['total'])} needed ({spent}, with headroom), {device} has "
+            f"{_bytes(free)} {where}")
+    biggest = max(("parameters", "request state", "prefill"), key=parts.get)
+    if biggest == "parameters":
+        return "--preset", (f"preset {args.preset} in {args.dtype} does not fit: {head}; "
+                            f"choose a smaller preset or dtype")
+    if biggest == "prefill" and args.prefill_chunk is not None:
+        smaller = [c for c in CHUNK_CHOICES if c < chunk and need(c)["total"] <= free]
+        hint = f"try --prefill-chunk {smaller[0]}" if smaller else "no chunk size fits"
+        return "--prefill-chunk", f"{chunk} tokens per prefill forward do not fit: {head}; {hint}"
+    if longest >= args.max_new_tokens:
+        return "--prompt", (f"a {longest}-byte prompt does not fit: {head}; shorten the "
+                            f"prompt or ask for fewer prompts")
+    return "--max-new-tokens", (f"{args.max_new_tokens} new tokens for {len(args.prompts)} "
+                                f"prompt(s) do not fit: {head}; ask for fewer tokens or prompts")
 
 
 def main(args: argparse.Namespace) -> int:
-    device, cfg, W, max_len = check_args(args)
+    device, cfg, W, max_len, chunk = check_args(args)
     dtype = getattr(torch, args.dtype)
     checkpoint = args.checkpoint or packaged_checkpoint(args.preset)
     if checkpoint is None:
@@ -149,40 +296,37 @@ def main(args: argparse.Namespace) -> int:
         except CheckpointError as e:
             raise UsageError("--checkpoint", str(e)) from e
     model = build_model(cfg, checkpoint, device=device, dtype=dtype)
-    reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompt]
+    reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompts]
     engine = Engine(model, num_slots=len(reqs), max_seq_len=max_len, num_draft_tokens=W,
                     rollback=args.rollback, rollback_in_verify=not args.rollback_after_verify,
-                    draft_hc_head_impl=args.draft_hc_head_impl, cuda_graphs=args.cuda_graphs)
-    bar = None
-    if not args.json:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(reqs) * args.max_new_tokens, desc="generate", unit="tok")
-        except ImportError:
-            pass
-    if bar is not None:
-        engine.on_step = lambda e, active: bar.update(
-            sum(len(r.output) for r in reqs) - bar.n)
+                    draft_hc_head_impl=args.draft_hc_head_impl, cuda_graphs=args.cuda_graphs,
+                    prefill_chunk=chunk)
+    bars = _progress(engine, reqs, chunk) if not args.json else []
     start = time.perf_counter()
-    engine.generate(reqs)
+    try:
+        engine.generate(reqs)
+    finally:  # an interrupt's message then starts on a line of its own
+        for bar in bars:
+            bar.close()
     seconds = time.perf_counter() - start
-    if bar is not None:
-        bar.update(sum(len(r.output) for r in reqs) - bar.n)
-        bar.close()
     accepts = [a for r in reqs for a in r.accept_lens]
     mean = sum(accepts) / len(accepts) if accepts else 1.0
     tokens = sum(len(r.output) for r in reqs)
     if args.json:
-        print(json.dumps({"tokens": [r.output for r in reqs],
+        print(json.dumps({"prompts": [decode(r.prompt) for r in reqs],
+                          "prompt_tokens": [len(r.prompt) for r in reqs],
+                          "preset": args.preset, "dtype": args.dtype, "device": str(device),
+                          "num_draft_tokens": W, "prefill_chunk": chunk,
+                          "max_new_tokens": args.max_new_tokens,
+                          "tokens": [r.output for r in reqs],
                           "text": [decode(r.output) for r in reqs],
                           "accept_lens": [r.accept_lens for r in reqs],
-                          "mean_accept_len": mean, "num_draft_tokens": W,
+                          "mean_accept_len": mean, "seconds": seconds,
                           "tokens_per_s": tokens / seconds,
                           "phase_seconds": dict(engine.phase_seconds)}))
         return 0
-    for p, r in zip(args.prompt, reqs):
-        print(f"--- {p!r}\n{decode(r.output)}")
+    for r in reqs:
+        print(f"--- {_shown(decode(r.prompt))}\n{decode(r.output)}")
     if W:
         hist = Counter(accepts)
         print("accept length histogram: " + ", ".join(f"{a}: {hist[a]}" for a in range(1, W + 1)))
@@ -191,3 +335,26 @@ def main(args: argparse.Namespace) -> int:
     print("time per phase: " + ", ".join(f"{k} {v * 1e3:.0f} ms"
                                          for k, v in engine.phase_seconds.items()))
     return 0
+
+
+def _shown(prompt: str, limit: int = 200) -> str:
+    """A prompt as the output heads it: its repr, long ones cut in the middle."""
+    if len(prompt) <= limit:
+        return repr(prompt)
+    return f"{prompt[:limit // 2]!r} ... {prompt[-limit // 2:]!r} ({len(prompt)} characters)"
+
+
+def _progress(engine: Engine, reqs: list[Request], chunk: int) -> list:
+    """Progress bars on stderr: the prefill (prompts longer than one chunk) and the tokens."""
+    from tqdm import tqdm
+
+    bars = []
+    prompt_tokens = sum(len(r.prompt) for r in reqs)
+    if max(len(r.prompt) for r in reqs) > chunk:
+        prefill = tqdm(total=prompt_tokens, desc="prefill", unit="tok")
+        engine.on_prefill = lambda e, done: prefill.update(done - prefill.n)
+        bars.append(prefill)
+    bar = tqdm(total=len(reqs) * reqs[0].max_new_tokens, desc="generate", unit="tok")
+    engine.on_step = lambda e, active: bar.update(sum(len(r.output) for r in reqs) - bar.n)
+    bars.append(bar)
+    return bars

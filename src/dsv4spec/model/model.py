@@ -58,8 +58,9 @@ class Batch:
     """
 
     def __init__(self, slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, n: int,
-                 scratch_slot: int) -> None:
+                 scratch_slot: int, max_end: int | None = None) -> None:
         self.t = torch.arange(n, device=starts.device)
+        self.max_end = max_end
         self.slots, self.starts, self.lengths, self.n = slots, starts, lengths, n
         self.pos = starts[:, None] + self.t  # [B, n]
         self.valid = self.t < lengths[:, None]
@@ -220,7 +221,10 @@ class Attention(nn.Module):
         parts = [window[batch.slots].to(kv.dtype), kv]  # [B, R, D], [B, n, D]
         E = 0
         if self.compressor is not None:
-            parts.append(state.entries[layer][batch.slots].to(kv.dtype))  # [B, E, D]
+            entries = state.entries[layer]
+            if batch.max_end is not None:  # entries past the batch's end are never complete
+                entries = entries[:, :min(entries.shape[1], batch.max_end // self.ratio)]
+            parts.append(entries[batch.slots].to(kv.dtype))  # [B, E, D]
             E = parts[-1].shape[1]
         keys = torch.cat(parts, 1)
         hidden = batch.memo(("hidden_keys", R, self.ratio, E),
@@ -388,14 +392,16 @@ class Transformer(nn.Module):
         return self.head(norm(y))
 
     def forward(self, tokens: torch.Tensor, state: ModelState, slots: torch.Tensor,
-                starts: torch.Tensor, lengths: torch.Tensor
+                starts: torch.Tensor, lengths: torch.Tensor, max_end: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Target extend. Returns logits ``[B, n, V]`` and the pre-hc_head hidden
         ``[B, n, hc * H]`` (the MTP block's input). ``starts + lengths`` must not exceed the
         state's ``max_seq_len`` (not checked here: that would sync with the device; the engine
-        checks it on the host)."""
+        checks it on the host). ``max_end``: an upper bound on ``starts + lengths`` known on
+        the host (eager prefill), so attention reads only the entries complete by then; None
+        (captured phases): every entry, masked, for shapes fixed by ``[B, n]`` alone."""
         B, n = tokens.shape
-        batch = Batch(slots, starts, lengths, n, state.num_slots)
+        batch = Batch(slots, starts, lengths, n, state.num_slots, max_end)
         hc = self.cfg.hc_mult
         x = self.embed(tokens).view(B * n, 1, -1).expand(-1, hc, -1).contiguous()
         for i, layer in enumerate(self.layers):

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 
-def encode(text: str) -> list[int]:
-    """Byte-level tokens (0..255)."""
-    return list(text.encode("utf-8"))
+def encode(text: str | bytes) -> list[int]:
+    """Byte-level tokens (0..255): the bytes themselves, or the UTF-8 of ``text`` with the
+    surrogate escapes Python decodes undecodable bytes into (command-line arguments, file names)
+    turned back into those bytes."""
+    return list(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
 
 
 def decode(tokens: list[int]) -> str:
