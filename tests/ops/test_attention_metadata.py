@@ -74,6 +74,32 @@ def test_triton_equals_reference_where_written_and_torch_impl_is_the_reference()
     assert torch.equal(ours_c.c128_page_indices[written], ref_c.c128_page_indices[written])
 
 
+@pytest.mark.parametrize("max_seq_len", [
+    pytest.param(CONTEXT - 100, id="100 short of a page boundary"),
+    pytest.param(PAGE + 1, id="one token into the second page"),
+])
+def test_page_count_rounds_up_when_max_seq_len_is_not_page_aligned(sglang, max_seq_len):
+    """The last, partial page is a column of the table: its shape is SGLang's,
+    ``cdiv(max_seq_len, page_size)`` columns, and rows reaching into that page read it."""
+    lengths = [1, PAGE, PAGE + 1, max_seq_len - 1, max_seq_len]
+    x = make_batch(2, lengths, max_seq_len, seed=5)
+    kw = {**KW, "max_seq_len": max_seq_len}
+    theirs = sglang[0].build_page_table_positions_triton(
+        req_to_token=x["req_to_token"], req_pool_indices_repeated=x["req_pool"],
+        seq_lens_casual=x["seq_lens"], **kw)
+    pages = -(-max_seq_len // PAGE)
+    assert theirs.page_table.shape == (len(lengths), pages)
+    args = (x["req_to_token"], x["req_pool"], x["seq_lens"])
+    ref = build_page_table_positions_reference(*args, **kw)
+    assert torch.equal(ref.page_table, theirs.page_table)
+    ours = build_page_table_positions(*args, **kw)
+    assert ours.page_table.shape == theirs.page_table.shape
+    extent = page_table_extent(x["seq_lens"], pages, PAGE)
+    assert int(extent.max()) == pages  # the partial page is written where a row reaches it
+    written = written_mask(tuple(ours.page_table.shape), extent)
+    assert torch.equal(ours.page_table[written], theirs.page_table[written])
+
+
 @pytest.fixture
 def no_launch(monkeypatch):
     """Fails the test if anything is allocated through the launchers or launched."""

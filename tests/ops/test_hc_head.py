@@ -34,6 +34,17 @@ DTYPES = [
     pytest.param(torch.bfloat16, id="bf16"),
     pytest.param(torch.float16, id="fp16"),
 ]
+HC_HEAD_OPS = importlib.import_module("dsv4spec.ops.hc_head")  # the name is also the op's
+
+
+@pytest.fixture(autouse=True)
+def _own_checked_params(monkeypatch):
+    """Each test starts with an empty remembered-parameter cache: whether a call takes the
+    remembered check (and so which branch a test exercises) must not depend on the tests that ran
+    before it, which fill the cache up to CHECKED_PARAMS_LIMIT and then stop remembering."""
+    monkeypatch.setattr(HC_HEAD_OPS, "_CHECKED_PARAMS", {})
+
+
 # fp32 output: relative error (max |diff| / max |ref|) below 1e-5. Half-precision outputs are
 # rounded from an fp32 y that differs from the float64 truth by ~1e-7 relative, so they may land
 # one ulp apart at a rounding boundary: 1 ulp of the output dtype.
@@ -321,6 +332,7 @@ def test_checked_parameters_are_checked_again_after_new_storage():
     shape or dtype (``param.data = ...``) must still be refused, naming it, before any launch."""
     x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
     hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")  # remembered
+    assert len(HC_HEAD_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
     for name, tensor, bad in (("hc_fn", fn, torch.randn(4, 16)),
                               ("hc_base", base, torch.rand(4, dtype=torch.float64)),
                               ("norm_weight", nw, torch.rand(9))):
@@ -489,6 +501,7 @@ def test_checked_hc_scale_is_checked_again_after_new_storage(rmsnorm, bad):
         return hc_head(x, fn, sc, base, **EPS, impl="triton")
 
     call()  # remembered
+    assert len(HC_HEAD_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
     good = sc.data
     sc.data = bad()
     with pytest.raises(ValueError, match="hc_scale"):

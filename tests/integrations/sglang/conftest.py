@@ -91,6 +91,7 @@ def sgl(monkeypatch, serves):
     monkeypatch.setattr(mhc_hooks, "_warm_pending", None)
     monkeypatch.setattr(metadata_hooks, "_warned", set())
     monkeypatch.setattr(metadata_hooks, "_compiled", set())
+    monkeypatch.setattr(metadata_hooks, "_pending_sparse", None)
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_sglang(name)}
     try:
         standins.install_packages()

@@ -476,3 +476,45 @@ def test_prefill_graphs_build_their_metadata_outside_the_capture():
     replay = function_node(runner, "_prepare_forward_metadata_for_replay",
                            "PrefillCudaGraphRunner")
     assert calls(replay, "prepare_forward_metadata_for_breakable_cuda_graph_replay")
+
+
+# --- the page count, and the served model ------------------------------------------------------
+
+def test_hooked_page_table_at_unaligned_max_seq_len_has_sglang_shape(meta, monkeypatch):
+    """max_seq_len 100 tokens short of a page boundary: SGLang's table has cdiv columns (the
+    partial page included, keyed as PAGES), and so has the hook's, with SGLang's values where
+    rows reach into that page."""
+    sgl, page_mod, _ = meta
+    fill_tables(monkeypatch)
+    sgl.install()
+    calls = counted(monkeypatch, "build_page_table_positions")
+    context = CONTEXT - 100
+    x = make_batch(3, [1, 257, context - 1, context], context, seed=3)
+    expected = page_original(sgl, x, context)
+    assert expected.page_table.shape[1] == PAGES
+    actual = page_call(page_mod, x, context)
+    assert calls == [1]
+    assert_page_result(actual, expected, x["seq_lens"], page_mod)
+    assert int(page_table_extent(x["seq_lens"], PAGES, PAGE).max()) == PAGES
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v41", "glm5_next", None])
+def test_other_models_keep_sglang_metadata_builders(meta, monkeypatch, serves, model_type):
+    """DSV4.1 runs the same backend, with page-table readers (expand_index_page_table,
+    DeepSelect's topk_page_transform, the candidate table's paged logits metadata) that read
+    columns past the live pages: every metadata hook keeps SGLang's."""
+    sgl, page_mod, c128_mod = meta
+    fill_tables(monkeypatch)
+    serves(model_type)
+    sgl.install()
+    page_calls = counted(monkeypatch, "build_page_table_positions")
+    c128_calls = counted(monkeypatch, "init_compressed_attn_metadata")
+    x = batch()
+    prep = page_call(page_mod, x)
+    assert torch.equal(prep.page_table, page_original(sgl, x).page_table)  # every column
+    out = c128_mod.init_compression_metadata(x["seq_lens"], x["positions"], x["out_loc"],
+                                             prep.page_table, PAGE, True)
+    want = sgl.originals[C128_TARGET](x["seq_lens"], x["positions"], x["out_loc"],
+                                      prep.page_table, PAGE, True)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))  # every element, SGLang's
+    assert page_calls == [] and c128_calls == []
