@@ -28,8 +28,10 @@ $(VENV)/.installed: pyproject.toml
 	$(if $(HAS_CUDA_TORCH),,$(PY) -m pip install -q torch==2.13.0)
 	$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==3.6.0
 	$(PY) -m pip install -q -e '.[test,bench]'
-	$(PY) -m pip install -q --no-deps sglang==0.5.23
 	$(PY) -m pip install -q orjson psutil pybase64 requests starlette msgspec pydantic pyzmq ipython aiohttp
+	# Last and without its dependencies: pip checks what is installed only when it resolves
+	# dependencies, so SGLang's unmet pins (torch 2.14.1, ...) print no resolver ERROR.
+	$(PY) -m pip install -q --no-deps sglang==0.5.23
 	touch $@
 
 $(VLLM_SRC)/.unpacked: src/dsv4spec/integrations/vllm/source.py | $(VENV)/.installed
