@@ -53,6 +53,40 @@ def _is_sglang(name: str) -> bool:
 
 
 @pytest.fixture
+def launches(monkeypatch):
+    """The names of dsv4spec's Triton kernels launched while the test runs: through Triton's
+    launch entry (the interpreter's on the CPU, the JIT's on CUDA) and the direct launches of
+    ``LaunchCache``. ``launches.clear()`` starts a count."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from dsv4spec.kernels.launch import LaunchCache
+
+    launched: list[str] = []
+    for cls in (InterpretedFunction, JITFunction):
+        def run(self, *args, _run=cls.run, **kwargs):
+            if getattr(self.fn, "__module__", "").startswith("dsv4spec."):
+                launched.append(self.fn.__name__)
+            return _run(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "run", run)
+
+    def get(self, key, _get=LaunchCache.get):
+        direct = _get(self, key)
+        if direct is None:
+            return None
+
+        def counted(*args):
+            launched.append(self.kernel.fn.__name__)
+            return direct(*args)
+
+        return counted
+
+    monkeypatch.setattr(LaunchCache, "get", get)
+    return launched
+
+
+@pytest.fixture
 def serves(monkeypatch):
     """``serves(model_type)``: SGLang's runtime context (the stand-in's, or a new module where
     none is loaded) reports that model as served (None: not published); the hooks' remembered

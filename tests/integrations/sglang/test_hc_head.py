@@ -90,17 +90,21 @@ def test_draft_hook_empty_and_non_contiguous_input(sgl):
     assert_matches(y, hc_head_reference(x, params[0][:, :160], *params[1:], **EPS), "strided x")
 
 
-def test_draft_hook_falls_back_on_inputs_the_op_rejects(sgl, caplog):
+def test_draft_hook_falls_back_on_inputs_the_op_rejects(sgl, caplog, launches):
     sgl.install()
     model = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)
     x, hc_fn, hc_scale, hc_base = make_inputs(3, 40, torch.bfloat16)
     scalar_scale = hc_scale.reshape(())  # SGLang broadcasts a 0-d scale; ours wants [1]
     with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations.sglang"):
-        y = model.hc_head(x, hc_fn, scalar_scale, hc_base)
+        y = model.hc_head(x, hc_fn, scalar_scale, hc_base)  # first sight: compiles, then checks
+        launches.clear()
         model.hc_head(x, hc_fn, scalar_scale, hc_base)
+    assert launches == [], "rejected before any launch (nothing to undo inside a capture)"
     assert sgl.originals[DRAFT].calls == 2
     assert torch.equal(y, sgl.originals[DRAFT].__wrapped__(model, x, hc_fn, scalar_scale, hc_base))
     assert len([r for r in caplog.records if "rejected the inputs" in r.getMessage()]) == 1
+    model.hc_head(x, hc_fn, hc_scale, hc_base)
+    assert launches, "the count sees ours where it runs"
 
 
 def test_draft_hook_runs_the_original_where_triton_cannot_run(sgl, monkeypatch):

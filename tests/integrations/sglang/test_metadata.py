@@ -234,16 +234,18 @@ def test_a_failing_fast_path_falls_back_once_and_switches_off(meta, monkeypatch,
     assert hook.enabled is False
 
 
-def test_inputs_ours_reject_run_sglang_with_one_warning(meta, monkeypatch, caplog):
+def test_inputs_ours_reject_run_sglang_with_one_warning(meta, monkeypatch, caplog, launches):
     sgl, page_mod, c128_mod = meta
     fill_tables(monkeypatch)
     sgl.install()
     x = batch(4)
     table = page_original(sgl, x).page_table.long()  # SGLang's kernel takes it, ours does not
+    launches.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for _ in range(2):
             out = c128_mod.init_compression_metadata(x["seq_lens"], x["positions"],
                                                      x["out_loc"], table, PAGE, True)
+    assert launches == [], "rejected before any launch (nothing to undo inside a capture)"
     want = sgl.originals[C128_TARGET](x["seq_lens"], x["positions"], x["out_loc"], table, PAGE,
                                       True)
     assert all(torch.equal(a, b) for a, b in zip(out, want))
