@@ -63,3 +63,42 @@ def test_tensor_core_partials_planned_for_bf16_prefill_only():
     assert K.plan(K.MMA_MIN_TOKENS, 7168, -1, dtype=torch.bfloat16).mma
     assert not K.plan(K.MMA_MIN_TOKENS - 1, 7168, -1, dtype=torch.bfloat16).mma
     assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiling", [
+    pytest.param({}, id="defaults"),
+    pytest.param({"wait": True, "pdl": True, "vector_sums": True}, id="dependent partials"),
+    pytest.param({"wait": False, "vector_sums": False}, id="first generation"),
+])
+def test_gpu_decode_paths_back_to_back(tiling):
+    # calls chained on one stream, each reading the previous call's outputs: a dependent launch
+    # that read its inputs before the previous launch finished would show here
+    x, fn, sc, base, nw, f = make_inputs(4, 7168, torch.bfloat16, "cuda", seed=4)
+    args = (EPS["rms_eps"], EPS["hc_eps"], 20, 2.0, nw, 1e-6)
+    post, comb, _ = mhc_pre_triton(x, fn, sc, base, *args, **tiling)
+    kw = {**EPS, "sinkhorn_iters": 20, "norm_weight": nw, "norm_eps": 1e-6}
+    for _ in range(3):
+        ref = mhc_post_pre_reference(f, x, post, comb, fn, sc, base, **kw)
+        x, post, comb, y = mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *args, **tiling)
+        assert_close(x, ref[0], torch.bfloat16, what="residual'")
+        assert_pre_close((post, comb, y), ref[1:], torch.bfloat16, 2)
+        f = y  # the next boundary's sublayer output comes from this one's input
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [128, 300])
+def test_gpu_tensor_core_partials(T):
+    _pre_and_boundary_on("cuda", T, 7168)
+
+
+def _pre_and_boundary_on(device, T, H):
+    x, fn, sc, base, nw, f = make_inputs(T, H, torch.bfloat16, device, seed=T)
+    kw = {**EPS, "sinkhorn_iters": 20, "norm_weight": nw, "norm_eps": 1e-6}
+    args = (EPS["rms_eps"], EPS["hc_eps"], 20, 2.0, nw, 1e-6)
+    got = mhc_pre_triton(x, fn, sc, base, *args)
+    assert_pre_close(got, mhc_pre_reference(x, fn, sc, base, **kw), torch.bfloat16, 2)
+    fused = mhc_post_pre_triton(f, x, got[0], got[1], fn, sc, base, *args)
+    ref = mhc_post_pre_reference(f, x, got[0], got[1], fn, sc, base, **kw)
+    assert_close(fused[0], ref[0], torch.bfloat16, what="residual'")
+    assert_pre_close(fused[1:], ref[1:], torch.bfloat16, 2)
