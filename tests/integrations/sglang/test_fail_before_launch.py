@@ -13,8 +13,8 @@ from dsv4spec.integrations.sglang import metadata as metadata_hooks
 
 from ...kernels.attention_metadata_support import interpreter_loop_bounds
 from . import standins
-from .conftest import EXPAND, MHC_POST, MHC_POST_PRE, MHC_PRE, PAGE_TABLE, ROLLBACK, TARGET
 from .conftest import COMPRESSION_METHOD as COMPRESSION
+from .conftest import EXPAND, MHC_POST, MHC_POST_PRE, MHC_PRE, PAGE_TABLE, ROLLBACK, TARGET
 from .test_compression_metadata_hook import fill_table as fill_compression_table
 from .test_compression_metadata_hook import make_metadata
 from .test_guards import measured_table  # noqa: F401 - the fixture

@@ -112,12 +112,13 @@ def hc_head_and_rollback_calls(sgl):
 
 
 @pytest.mark.parametrize("model_type", OTHER_MODELS + [None])
-def test_other_models_keep_sglang_hc_head_and_rollback(sgl, serves, measured_table, model_type):
+def test_other_models_keep_sglang_hc_head_and_rollback(sgl, serves, measured_table,  # noqa: F811
+                                                       model_type):
     serves(model_type)
     assert hc_head_and_rollback_calls(sgl) == [1, 1, 1]
 
 
-def test_dsv4_gives_the_same_calls_to_ours(sgl, measured_table):
+def test_dsv4_gives_the_same_calls_to_ours(sgl, measured_table):  # noqa: F811
     assert hc_head_and_rollback_calls(sgl) == [0, 0, 0]
 
 

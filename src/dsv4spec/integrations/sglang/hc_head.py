@@ -5,10 +5,11 @@ replaces it on the GPU architectures it was measured on. The target's (``Deepsee
 is already SGLang's own fused Triton kernel (``fused_hc_head``): ours replaces it only where it
 measured faster, per architecture, mode and width.
 
-Both step aside (SGLang's path runs) on ROCm, on GPU architectures absent from the measured
-tables, under ``torch.compile``, and when SGLang's deterministic inference or batch-invariant mode
-is on: our tiling depends on the token count, so a token's result could depend on the batch it
-came in.
+Both step aside (SGLang's path runs) for a served model other than DeepSeek-V4
+(:mod:`~dsv4spec.integrations.sglang.served_model`), on ROCm, on GPU architectures absent from the
+measured tables, under ``torch.compile``, and when SGLang's deterministic inference or
+batch-invariant mode is on: our tiling depends on the token count, so a token's result could depend
+on the batch it came in.
 
 Both compile every kernel variant they can need when they first see a (device, width, dtype):
 SGLang's warm-up passes run before its CUDA-graph capture, so nothing compiles inside a capture or
@@ -47,12 +48,13 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # mode ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager
 # call, both measured side by side) and hidden size: inclusive token ranges, read from the
 # measured-faster tables (dsv4spec.integrations.tables: the GPU's file). The H200's source:
-# benchmarks/results/hc_head_tensor_cores.md (H200, 2026-11-29, provider "sglang": SGLang / ours
+# benchmarks/results/hc_head/hc_head_tensor_cores.md (H200, 2026-11-29, provider "sglang": SGLang /
+# ours
 # 3.7-14.1x in a graph, 1.2-3.9x eager), T in {1, 4, 16, 64, 256, 1024, 4096}. Anything else
 # (other architectures and widths, T > 4096) keeps SGLang's path.
 TARGET_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "target_hc_head")
 # Architectures where the draft hook's kernel was measured against the draft's eager chain
-# (results/hc_head_tensor_cores.md, provider "eager").
+# (results/hc_head/hc_head_tensor_cores.md, provider "eager").
 DRAFT_HC_HEAD_MEASURED: tuple[tuple[int, int], ...] = ((9, 0),)
 
 _warned: set[str] = set()

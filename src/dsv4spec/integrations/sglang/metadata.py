@@ -51,7 +51,9 @@ steps aside for ratio-1/2 layers (DSV4.1), ``low_ratio_buffers``, a request wind
 parallel (``num_tokens`` given), no C4/C128 layer, a non-contiguous SWA table, an
 ``index_topk`` SGLang rejects, empty batches, and as the others below; its measured table is empty.
 
-All of them step aside (SGLang's code runs with the same arguments) on ROCm, under
+All of them step aside (SGLang's code runs with the same arguments) for a served model other
+than DeepSeek-V4 (DSV4.1 runs the same backend with page-table readers the argument does not
+cover; :mod:`~dsv4spec.integrations.sglang.served_model`), on ROCm, under
 ``torch.compile``, where Triton cannot run, for inputs the ops do not take (their checks raise
 before anything is written), for a launch shape first seen inside a CUDA-graph capture (nothing
 compiles there), wherever the measured tables below do not say dsv4spec's kernel is faster, and,
@@ -121,7 +123,8 @@ COMPRESSION = "init_compression_metadata"
 # and 256-token pages): inclusive ranges of query rows, read from the measured-faster tables
 # (dsv4spec.integrations.tables: the GPU's file; a width between two measured widths gets the
 # nearer smaller one's ranges). The H200's:
-# Source: benchmarks/results/metadata.md (H200, 2026-12-01, ``dsv4spec bench metadata --quick
+# Source: benchmarks/results/metadata/metadata.md (H200, 2026-12-01, ``dsv4spec bench metadata
+# --quick
 # --modes verify decode``): in a graph both ops won at every measured point, 1 to 512 rows
 # (verify and decode shapes, 4K and 64K live tokens) at width 4096; eager, where these calls are
 # launch-bound, they lost at every point, so eager stays empty (eager calls also include every
@@ -131,13 +134,15 @@ SGLANG_PAGE_TABLE_FASTER: FasterTable = faster_table("sglang", PAGE_TABLE)
 SGLANG_COMPRESSED_FASTER: FasterTable = faster_table("sglang", COMPRESSED)
 # The row expansion, keyed by qo_len (query rows per request: speculative_num_draft_tokens in
 # target verify, the draft-extend width there), over ranges of requests (bs). Source:
-# benchmarks/results/metadata_expand.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops expand
+# benchmarks/results/metadata/metadata_expand.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops
+# expand
 # expand_shift --widths 4``): at qo_len 4 ours won at every measured bs, 1 to 128, both in a graph
 # and eagerly; other widths stay SGLang's until measured.
 SGLANG_EXPAND_FASTER: FasterTable = faster_table("sglang", EXPAND)
 # DSV4AttnMetadata.init_compression_metadata + init_flashmla_related in one launch, keyed as the
 # compressed metadata (page-table width in pages, query rows). Source:
-# benchmarks/results/metadata_compression.md (H200, 2026-12-01, ``dsv4spec bench metadata --ops
+# benchmarks/results/metadata/metadata_compression.md (H200, 2026-12-01, ``dsv4spec bench metadata
+# --ops
 # compression --modes verify decode``): in a graph ours won at every point, 1 to 512 rows, 4K and
 # 64K live tokens, width 4096. Eager stays empty although ours won there too: eager builds
 # include prefill and extend, whose sparse-prefill readers the unwritten-tail argument in
