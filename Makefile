@@ -64,11 +64,11 @@ test-sglang-pins: $(PINS_VENV)/.installed $(VLLM_SRC)/.unpacked
 	$(PINS_PY) -m pytest -q -p no:cacheprovider tests/integrations tests/ops tests/kernels
 
 bench: setup
-	$(PY) -m dsv4spec.cli bench cleanup --out benchmarks/results
-	$(PY) -m dsv4spec.cli bench hc-head --out benchmarks/results
-	$(PY) -m dsv4spec.cli bench eager-cost --out benchmarks/results
-	$(PY) -m dsv4spec.cli bench model-step --out benchmarks/results
-	$(PY) -m dsv4spec.cli bench e2e --out benchmarks/results
+	$(PY) -m dsv4spec.cli bench cleanup --out benchmarks/results/cleanup
+	$(PY) -m dsv4spec.cli bench hc-head --out benchmarks/results/hc_head
+	$(PY) -m dsv4spec.cli bench eager-cost --out benchmarks/results/eager_cost
+	$(PY) -m dsv4spec.cli bench model-step --out benchmarks/results/model_step
+	$(PY) -m dsv4spec.cli bench e2e --out benchmarks/results/e2e
 
 lint: setup
 	$(PY) -m pip install -q ruff

@@ -40,7 +40,7 @@ for s in $STEPS; do
       tail -8 "$OUT/sanitizer_memcheck.log" ;;
     sweep-partials)
       step "hc_head partials tilings, 1-D vs 2-D sums"
-      $PY scripts/sweep_hc_head_partials.py "$OUT/results" 2>&1 | tee "$OUT/sweep_hc_head_partials.log"
+      $PY -m dsv4spec.cli bench hc-head-sweep --sweeps partials-2d --out "$OUT/results" 2>&1 | tee "$OUT/sweep_hc_head_partials.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     e2e-fp32)
       # The lossless check at every (preset, bs) in float32, where decode and verify GEMMs do

@@ -21,7 +21,8 @@ COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
 # bench name -> module under dsv4spec.bench
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc", "mhc-sweep": "mhc_sweep",
-              "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin"}
+              "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin",
+              "cleanup-sweep": "cleanup_sweep", "hc-head-sweep": "hc_head_sweep"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
 EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
@@ -96,7 +97,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="dsv4spec-results",
                    help="results folder, created if absent; files of the same name in it are "
                    "replaced (default: dsv4spec-results in the working directory; the "
-                   "repository's committed results are in benchmarks/results)")
+                   "repository's committed results are in benchmarks/results/<benchmark>)")
     p.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
 
 

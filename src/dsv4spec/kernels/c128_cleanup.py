@@ -82,7 +82,7 @@ _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 def cleanup_launch_config(half: int, num_draft_tokens: int) -> tuple[int, int, int]:
     """(DRAFT_BLOCK, HALF_BLOCK, column blocks) for a ``[draft, 256]`` tile per program.
 
-    Swept on the H200 (scripts/tune_cleanup.py, HALF_BLOCK 64..512 x 1..8 warps): 256 columns
+    Swept on the H200 (dsv4spec bench cleanup-sweep, HALF_BLOCK 64..512 x 1..8 warps): 256 columns
     is within 4% of the best tile at every (31 states, bs 1..256) geometry in fp32 and bf16.
     """
     draft_block = triton.next_power_of_2(max(num_draft_tokens, 1))

@@ -304,7 +304,7 @@ _PARTIALS = LaunchCache(_hc_head_partials_kernel)
 _PARTIALS_MMA = LaunchCache(_hc_head_partials_mma_kernel)
 _FINALIZE = LaunchCache(_hc_head_finalize_kernel)
 # The jit kernels by name, for tools that compile one without launching it
-# (scripts/hc_head_partials_ptx.py digests the partials kernel's PTX).
+# (scripts/hc_head_partials_ptx.py, in git at 0da66d4, digests the partials kernel's PTX).
 JIT_KERNELS = {"partials": _hc_head_partials_kernel, "partials_mma": _hc_head_partials_mma_kernel,
                "finalize": _hc_head_finalize_kernel}
 # key -> (partials, finalize) direct launches, so an eager call hashes its key once

@@ -4,7 +4,7 @@ For a call's T, H, dtype, device and RMSNorm flag it picks the partials kernel (
 tensor cores), the token block, chunk width and K-split count, the finalize's H-block, the warps of
 each launch, the programmatic dependent launch and the L2 hints; every keyword of
 ``hc_head_triton`` overrides one choice. Each threshold states the measurement that set it
-(``benchmarks/results/``, ``scripts/tune_hc_head.py``, ``scripts/sweep_hc_head_*.py``).
+(``benchmarks/results/hc_head/``, ``dsv4spec bench hc-head-sweep``).
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ class HcHeadConfig(NamedTuple):
 
 
 # The tensor-core partials: the default for bf16 x on CUDA from T * H = this on (at H = 7168
-# from T = 256, at H = 4096 from T = 512: benchmarks/results/ab_hc_head_all_t.json)
+# from T = 256, at H = 4096 from T = 512:
+# benchmarks/results/archive/hc_head_ab/ab_hc_head_all_t.json)
 MMA_MIN_ELEMENTS = 256 * 7168
 # The finalize as a programmatic dependent launch: the default up to this many tokens, where
 # it was faster in a graph; from T = 64 on it was slower as often as faster, and slower with the
-# RMSNorm (benchmarks/results/ab_hc_head_all_t.json, ab_hc_head_final.json).
+# RMSNorm (benchmarks/results/archive/hc_head_ab/ab_hc_head_all_t.json, ab_hc_head_final.json).
 PDL_MAX_TOKENS = 16
 
 
@@ -73,10 +74,11 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
     # Small T is latency-bound: cut the 4H-long rows (and hc_fn) into many small chunks so each
     # program does one round trip. Large T is bandwidth-bound: 8-token blocks amortise hc_fn and
     # about 12 programs per SM loop over a few 256-wide chunks. Choices swept on the H200 at
-    # H = 7168 (scripts/tune_hc_head.py).
+    # H = 7168 (dsv4spec bench hc-head-sweep --sweeps launches).
     if mma:
         # 16-token (64-row) tiles, 4 warps, a 3-stage pipeline over 64-wide chunks (swept on the
-        # H200 at H = 7168, T = 256, 1024, 4096: scripts/sweep_hc_head_mma.py). At most 16
+        # H200 at H = 7168, T = 256, 1024, 4096: dsv4spec bench hc-head-sweep --sweeps
+        # tensor-cores). At most 16
         # chunks per program, and as many splits as fill whole waves: 5 programs fit on an SM
         # (ncu: registers and shared memory both cap it at 5), and at T = 1024 a grid of 704
         # (1.07 waves) left a tail that 640 (10 splits, the sweep's best) does not.
@@ -114,7 +116,8 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
 
 
 def _num_warps(T: int) -> tuple[int, int]:
-    # (partials, finalize). Swept at H = 7168 (scripts/tune_hc_head.py, timings in
+    # (partials, finalize). Swept at H = 7168 (dsv4spec bench hc-head-sweep --sweeps launches,
+    # timings in
     # benchmarks/results/logs/tune_hc_head.log): the partials fastest at 4 warps up to T = 4 and
     # at 2 from T = 64; the finalize at 1 warp everywhere.
     return (4 if T <= 4 else 2), 1
@@ -138,7 +141,8 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
     if partials_2d is None and not mma:
         # The 2-D partials pay off where the RMSNorm's Gram sums make a large pass heavy (in a
         # graph at H = 7168, T = 1024 and 4096, and H = 4096, T = 4096) but not below (H = 4096,
-        # T = 1024) nor without the norm: the triton+norm rows of benchmarks/results/hc_head.md
+        # T = 1024) nor without the norm: the triton+norm rows of
+        # benchmarks/results/hc_head/hc_head.md
         # (1-D) and hc_head_launch_lean.md (2-D), and sweep_hc_head_partials.json.
         partials_2d = rmsnorm and T * H >= 1024 * 7168
     cfg = hc_head_config(T, H, num_sms(device_index), block_k, num_splits, block_h,
@@ -150,7 +154,7 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
     if evict_hints is None:
         # x (> 50 MB at T = 1024, H = 7168) kept in L2 by the partials and dropped by the
         # finalize: faster there (mma vs mma_evict in
-        # benchmarks/results/ab_hc_head_one_launch_evict.json)
+        # benchmarks/results/archive/hc_head_ab/ab_hc_head_one_launch_evict.json)
         evict_hints = cfg.mma
     cfg = cfg._replace(pdl=pdl, evict_hints=evict_hints)
     if warps is None and (cfg.partials_2d or cfg.mma):

@@ -5,7 +5,8 @@ a cache-key lookup, a launch-metadata dict for the (empty) launch-hook chain, tw
 empty chain from the C launcher, and a ``cuPointerGetAttribute`` driver call per tensor argument:
 on the H200's host, well above the cached launch below, and more with more arguments (the
 empty-kernel and ``hc_head_triton`` rows, Triton dispatcher vs ``LaunchCache``, of
-``benchmarks/results/eager_cost_tensor_cores.md``). Launch-bound ops pay that on every eager call.
+``benchmarks/results/eager_cost/eager_cost_tensor_cores.md``). Launch-bound ops pay that on every
+eager call.
 
 :class:`LaunchCache` keeps, per caller-chosen key, the ``CompiledKernel`` that Triton's own first
 launch returned, with every argument but the pointers bound; a later call with the same key

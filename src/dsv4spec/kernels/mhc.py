@@ -13,7 +13,7 @@ the partials that ``post`` and ``comb`` need and runs the sigmoids and the Sinkh
 scalars in registers; the others reduce only r's and the pre weights' (and the Gram sums) and
 write their H-block of ``y = sum_i pre_i x_i``. The RMSNorm's ``sum_h y^2 = w^T G w`` is known
 before any y is formed, so the norm costs 6 more reductions, not another pass. Where the time
-goes, launch by launch: docs/design.md (mHC) and benchmarks/results/mhc_probe.json.
+goes, launch by launch: docs/design.md (mHC) and benchmarks/results/mhc/mhc_probe.json.
 
 ``mhc_post_pre`` (one layer boundary) is the same 2 launches: launch 1 first forms its slice of
 the new residual ``x'_j = post_j f + sum_i comb[i, j] x_i``, rounds it to the stream dtype, stores
@@ -52,7 +52,7 @@ PDL_MAX_TOKENS = 16
 # tokens (with PDL)
 WAIT_MAX_TOKENS = 8
 # mhc_post as a programmatic dependent launch on sm_90+: 0.2-2.6 us faster at every measured T
-# (benchmarks/results/mhc_sweep.json)
+# (benchmarks/results/mhc/mhc_sweep.json)
 POST_PDL = True
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
@@ -652,7 +652,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
     # of partial sums in registers. 33-64 tokens: 4-token blocks; more: 8-token blocks and ~4
     # programs per SM, each looping over a run of chunks (fn from L2 per block). Tile and warps
-    # per range from the H200 sweep in benchmarks/results/mhc_probe.json.
+    # per range from the H200 sweep in benchmarks/results/mhc/mhc_probe.json.
     if mma is None:
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
                and (device_index >= 0 or _interpreter_multiplies_bf16()))
@@ -671,7 +671,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_h is None:
         # the finalize's H-blocks: more, narrower programs while few tokens leave SMs idle
-        # (benchmarks/results/mhc_sweep.json: 256 at T = 3-4 and 512 at 5-8 cut the boundary
+        # (benchmarks/results/mhc/mhc_sweep.json: 256 at T = 3-4 and 512 at 5-8 cut the boundary
         # by 0.4 and 1.2 us at T = 4 and 8)
         block_h = (128 if T <= 2 else 256 if T <= 4 else 512 if T <= 8 else 1024 if T <= 128
                    else 512)
@@ -682,7 +682,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     if wait is None:
         # the partials as a dependent launch, fn loaded before the wait, up to 8 tokens: the
         # boundary 0.3-0.75 us faster at T = 1-8 and 0.9 us slower at 16 (H = 7168;
-        # benchmarks/results/mhc_sweep.json)
+        # benchmarks/results/mhc/mhc_sweep.json)
         wait = T <= WAIT_MAX_TOKENS
     wait = bool(wait and pdl and chunks_per_split == 1)
     if vector_sums is None:
@@ -854,7 +854,7 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     T, hc, H = residual.shape
     assert hc == HC and T > 0
     # H-blocks of 256 up to 2 tokens, 512 up to 8, 1024 up to 32 (4 warps); 256, then 512 with
-    # 2 warps above: the best of benchmarks/results/mhc_sweep.json per measured T
+    # 2 warps above: the best of benchmarks/results/mhc/mhc_sweep.json per measured T
     block_h = block_h or (256 if T <= 2 else 512 if T <= 8 else 1024 if T <= 32
                           else 256 if T <= 128 else 512)
     if num_warps is None:

@@ -201,7 +201,7 @@ def _direct_call_ok(x) -> bool:
 
     The custom op exists for tracing (``torch.compile``, fake tensors, dispatch modes, functorch);
     on a plain eager tensor it only adds host time (the library-op vs ``LaunchCache`` launcher
-    rows of ``benchmarks/results/eager_cost_tensor_cores.md``).
+    rows of ``benchmarks/results/eager_cost/eager_cost_tensor_cores.md``).
     """
     return (
         type(x) is torch.Tensor

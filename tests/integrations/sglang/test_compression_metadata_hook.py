@@ -91,7 +91,8 @@ def test_hooks_install_on_the_class(meta):
 
 
 def test_shipped_table_follows_the_h200_results():
-    """benchmarks/results/metadata_compression.md: in a graph ours won at 1-512 rows at width
+    """benchmarks/results/metadata/metadata_compression.md: in a graph ours won at 1-512 rows at
+    width
     4096; eager stays SGLang's (prefill and extend builds are eager)."""
     for rows in (1, 4, 128, 512):
         assert hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, 4096, True, (9, 0)), rows

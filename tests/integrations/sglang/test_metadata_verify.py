@@ -139,7 +139,8 @@ def test_register_installs_an_around_hook_on_the_class(backend):
 # --- behaviour through SGLang's callers --------------------------------------------------------
 
 def test_shipped_table_follows_the_h200_results():
-    """benchmarks/results/metadata_expand.md: at qo_len 4 ours won at bs 1..128 in a graph and
+    """benchmarks/results/metadata/metadata_expand.md: at qo_len 4 ours won at bs 1..128 in a graph
+    and
     eagerly; nothing else was measured."""
     for in_graph in (True, False):
         for bs in (1, 4, 32, 128):

@@ -458,7 +458,7 @@ def test_prefers_dsv4spec_follows_table_cap_and_mode(monkeypatch):
 
 
 def test_shipped_tables_follow_the_h200_results():
-    # benchmarks/results/mhc.md (2026-12-01): in a graph ours won pre and the boundary at T = 1
+    # benchmarks/results/mhc/mhc.md (2026-12-01): in a graph ours won pre and the boundary at T = 1
     # and 16, lost post; eager it won all three up to 64. Nothing beyond the 32-token cap of the
     # two that DeepGEMM serves above it, and nothing on other architectures or widths.
     def ours(op, T, H=7168, graph=True, arch=SM90):
@@ -533,7 +533,7 @@ def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
         # SGLang's TileLang kernels (where TileLang is installed) are further from float64:
         # post and comb ~2e-4 of their largest value at H = 7168, ours ~1e-7; the layer input
         # up to ~6e-3 of its largest value (max_err of SGLang's rows in
-        # benchmarks/results/mhc.json; it rounds the norm weight to bf16), ours 2 bf16 ulps
+        # benchmarks/results/mhc/mhc.json; it rounds the norm weight to bf16), ours 2 bf16 ulps
         assert_close(out, original.__wrapped__(*args, **kwargs), f"replay {seed} vs SGLang",
                      fp32_rtol=1e-3, half_rtol=1e-2)
     assert installed_hook(sgl, NAMES[op]).enabled
