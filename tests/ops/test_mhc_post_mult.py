@@ -15,12 +15,14 @@ POST_MULTS = [pytest.param(0.5, id="post_mult=0.5"), pytest.param(1.0, id="post_
               pytest.param(3.25, id="post_mult=3.25")]
 SHAPES = [pytest.param(1, 8, id="T=1 H=8"), pytest.param(3, 40, id="T=3 H=40 odd width")]
 FP32_RTOL = 1e-5
+# the Triton kernels on CUDA where present, else in the interpreter on the CPU (tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_inputs(T, H, hc=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     n = (2 + hc) * hc
-    return {
+    t = {
         "x": torch.randn(T, hc, H, generator=g),
         "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
         "scale": torch.rand(3, generator=g) + 0.5,
@@ -29,6 +31,7 @@ def make_inputs(T, H, hc=4, seed=0):
         "post": torch.rand(T, hc, generator=g) * 2,
         "comb": torch.rand(T, hc, hc, generator=g),
     }
+    return {k: v.to(DEVICE) for k, v in t.items()}
 
 
 def post_float64(x, fn, scale, base, rms_eps, post_mult):
