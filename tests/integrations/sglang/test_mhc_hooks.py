@@ -666,3 +666,38 @@ def test_compiled_without_norm_weight_is_not_compiled_with_it(sgl, monkeypatch, 
     assert len(launches) == 1 and sgl.originals[NAMES[op]].calls == 1
     run(sgl, op, t, norm=False)  # the shape compiled without it still runs ours
     assert len(launches) == 2 and sgl.originals[NAMES[op]].calls == 1
+
+
+@pytest.mark.gpu
+def test_gpu_sglang_mhc_post_is_compiled_before_its_capture(sgl):
+    """The shipped tables at H = 7168, T = 1 (SGLang's load-time prewarm shape): eager ours,
+    graph SGLang's. The eager call runs SGLang's function too, so its TileLang kernel (where
+    TileLang is installed) is compiled when SGLang captures it: the capture records SGLang's
+    kernel without compiling, and replays give SGLang's result."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    width = 7168
+    assert hooks.prefers_dsv4spec("mhc_post", 1, width, False, SM90)
+    assert not hooks.prefers_dsv4spec("mhc_post", 1, width, True, SM90)
+    sgl.install()
+    t = make_inputs(1, H=width)
+    args, _ = call_args("mhc_post", t)
+    original = sgl.originals[MHC_POST]
+    sgl.mhc.mhc_post(*args)  # SGLang's prewarm: ours returned, SGLang's run once
+    assert original.calls == 1
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = sgl.mhc.mhc_post(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert original.calls == 2, "SGLang's function inside the capture"
+    new = make_inputs(1, H=width, seed=3)
+    for k in ("residual", "x", "post", "comb"):
+        t[k].copy_(new[k])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, original.__wrapped__(*args))
+    assert installed_hook(sgl, MHC_POST).enabled
