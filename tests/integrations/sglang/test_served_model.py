@@ -63,6 +63,27 @@ def test_unpublished_configuration_steps_aside_and_asks_again(serves):
     assert gated() == "ours" and len(calls) == 1
 
 
+def test_published_but_unreadable_is_remembered_with_one_warning(serves, monkeypatch, caplog):
+    """Once SGLang has published its arguments the model config is not rebuilt at every call:
+    an unreadable one counts as another model, for good."""
+    serves()
+    context = sys.modules[standins.RUNTIME_CONTEXT_MOD]
+    asked = []
+
+    def broken():
+        asked.append(1)
+        raise OSError("config.json unreadable")
+
+    monkeypatch.setattr(context, "process_model_config", broken)
+    monkeypatch.setattr(context, "get_server_args", lambda: types.SimpleNamespace(),
+                        raising=False)
+    calls, gated = spy()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert gated() is STEP_ASIDE and gated() is STEP_ASIDE
+    assert calls == [] and asked == [1] and served_model._serves_dsv4 is False
+    assert len([r for r in caplog.records if r.name == LOGGER]) == 1
+
+
 def test_without_sglang_runtime_context_steps_aside(monkeypatch):
     monkeypatch.delitem(sys.modules, standins.RUNTIME_CONTEXT_MOD, raising=False)
     monkeypatch.setattr(served_model, "_serves_dsv4", None)
@@ -131,6 +152,18 @@ def test_sglang_process_model_config_is_the_published_model_config():
               and n.name == "process_model_config")
     assert not fn.args.args
     assert "model_config_of(get_server_args())" in ast.unparse(fn)
+
+
+def test_sglang_server_args_raise_until_published():
+    tree, _ = standins.parse(RUNTIME_CONTEXT_FILE)
+    context = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+                   and n.name == "RuntimeContext")
+    prop = next(n for n in context.body if isinstance(n, ast.FunctionDef)
+                and n.name == "server_args")
+    assert "raise ValueError" in ast.unparse(prop) and "is None" in ast.unparse(prop)
+    getter = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                  and n.name == "get_server_args")
+    assert ast.unparse(getter).strip().endswith("return _CONTEXT.server_args")
 
 
 def test_sglang_model_types_of_dsv4_and_dsv41():

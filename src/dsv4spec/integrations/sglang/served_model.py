@@ -16,7 +16,8 @@ The served model is read from the HF config's ``model_type`` (``"deepseek_v4"``;
 SGLang's layers call at run time too (``srt/layers/attention/dsa/utils.py``). Nothing is imported:
 a process that has not loaded SGLang's runtime context, or where the config is not readable yet
 (not published), is not known to serve DeepSeek-V4, and the hooks step aside; the verdict is
-remembered once read, since the served model is fixed at server start.
+remembered once read, or once the server arguments are published, since the served model is
+fixed at server start.
 """
 
 from __future__ import annotations
@@ -52,16 +53,31 @@ def served_model_type() -> str | None:
     return model_type if isinstance(model_type, str) else None
 
 
+def _published() -> bool:
+    """Whether SGLang has published its server arguments (``get_server_args()`` raises before)."""
+    try:
+        return sys.modules[RUNTIME_CONTEXT_MODULE].get_server_args() is not None
+    except Exception:  # noqa: BLE001 - not published, or not SGLang's context
+        return False
+
+
 def serves_dsv4() -> bool:
     """Whether SGLang serves DeepSeek-V4 (``model_type == "deepseek_v4"``) in this process.
 
-    False where it cannot be read (asked again at the next call); remembered once read.
+    False where it cannot be read: asked again at the next call while SGLang has not published
+    its server arguments, remembered once they are published (then an unreadable model type is
+    not DeepSeek-V4, and the model config is not rebuilt at every call); remembered once read.
     """
     global _serves_dsv4
     if _serves_dsv4 is not None:
         return _serves_dsv4
     model_type = served_model_type()
     if model_type is None:
+        if not _published():
+            return False
+        _serves_dsv4 = False
+        logger.warning("dsv4spec: SGLang's model config does not say which model it serves: "
+                       "every dsv4spec hook steps aside and SGLang's own code runs")
         return False
     _serves_dsv4 = model_type == DSV4_MODEL_TYPE
     if not _serves_dsv4:
