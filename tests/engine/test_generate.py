@@ -205,6 +205,16 @@ def test_each_engine_uses_its_own_draft_hc_head_impl(monkeypatch):
         Engine(m, num_slots=1, num_draft_tokens=3, draft_hc_head_impl="fast")
 
 
+@pytest.mark.parametrize("W,chunk", [(0, 5), (4, 5), (4, 16), (3, 7)])
+def test_chunked_prefill_equals_one_prefill_of_the_whole_prompt(model, greedy, W, chunk):
+    # chunk 5 splits every prompt (5, 23, 14 and 7 tokens) and crosses compressor blocks
+    # (ratios 4 and 16) and the window (16 + W rows) at offsets no other test covers
+    reqs, engine = run(model, W, join=True, prefill_chunk=chunk)
+    assert [r.output for r in reqs] == greedy
+    forwards = -(-23 // chunk) + -(-7 // chunk)  # the first three admitted together, one joins
+    assert len(engine.phase_walls["prefill"]) == forwards * (2 if W else 1)
+
+
 def test_a_full_bucket_of_128_requests_with_forced_drafts_equals_greedy(model):
     """The e2e benchmark's largest batch in float64: its forced-draft schedule (every accept
     length) over 128 requests of one bucket emits plain greedy's tokens in every request."""
@@ -221,13 +231,3 @@ def test_a_full_bucket_of_128_requests_with_forced_drafts_equals_greedy(model):
     engine.generate(reqs)
     assert [r.output for r in reqs] == [q.output for q in plain]
     assert {a for r in reqs for a in r.accept_lens} == {1, 2, 3, 4}
-
-
-@pytest.mark.parametrize("W,chunk", [(0, 5), (4, 5), (4, 16), (3, 7)])
-def test_chunked_prefill_equals_one_prefill_of_the_whole_prompt(model, greedy, W, chunk):
-    # chunk 5 splits every prompt (5, 23, 14 and 7 tokens) and crosses compressor blocks
-    # (ratios 4 and 16) and the window (16 + W rows) at offsets no other test covers
-    reqs, engine = run(model, W, join=True, prefill_chunk=chunk)
-    assert [r.output for r in reqs] == greedy
-    forwards = -(-23 // chunk) + -(-7 // chunk)  # the first three admitted together, one joins
-    assert len(engine.phase_walls["prefill"]) == forwards * (2 if W else 1)
