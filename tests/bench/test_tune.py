@@ -161,7 +161,7 @@ def test_an_interrupted_run_resumes_and_the_plugins_read_its_file(fake_gpu, monk
     assert metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, True, (9, 0))
     assert not metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, False, (9, 0))
     # hooks not tuned keep the packaged sm_90 tables
-    assert mhc.prefers_dsv4spec("mhc_pre", 16, 4096, True, (9, 0))
+    assert mhc.prefers_dsv4spec("mhc_pre", 4, 4096, True, (9, 0))
     assert mhc.SGLANG_MHC_PRE_FASTER.sources[(9, 0)] == tables.PACKAGED_DIR / "sm_90.json"
 
 
