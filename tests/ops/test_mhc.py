@@ -15,6 +15,17 @@ from dsv4spec.ops import (
     mhc_pre_reference,
 )
 
+MHC_OPS = importlib.import_module("dsv4spec.ops.mhc")
+
+
+@pytest.fixture(autouse=True)
+def _own_checked_params(monkeypatch):
+    """Each test starts with an empty remembered-parameter cache: whether a call takes the
+    remembered check must not depend on the tests that ran before it, which fill the cache up to
+    CHECKED_PARAMS_LIMIT and then stop remembering."""
+    monkeypatch.setattr(MHC_OPS, "_CHECKED_PARAMS", {})
+
+
 ITERS = 20
 EPS = {"rms_eps": 1e-6, "hc_eps": 1e-6}
 # At DSV4's 1e-6 dropping an epsilon stays inside the tolerance; these make each term visible
@@ -518,6 +529,7 @@ def test_checked_parameters_are_checked_again_after_new_storage():
     x, fn, sc, base, nw, _ = make_inputs(2, 8, torch.float32)
     kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6, "impl": "triton"}
     mhc_pre(x, fn, sc, base, **kw)  # remembered
+    assert len(MHC_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
     for name, tensor, bad in (("fn", fn, torch.randn(24, 16)),
                               ("hc_base", base, torch.rand(24, dtype=torch.float64)),
                               ("norm_weight", nw, torch.rand(9))):
