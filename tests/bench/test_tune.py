@@ -292,3 +292,53 @@ def test_each_measurer_checks_sglang_against_ours_before_timing(monkeypatch, hoo
                 del sys.modules[name]
     assert result == {m: [1.0, 2.0] for m in g.modes}
     assert timed == [["engine", "ours"]] * shapes
+
+
+def test_the_mhc_measurer_waits_for_the_gpu_once_then_times(monkeypatch):
+    """The mHC measurer as the GPU run calls it (a CUDA device), on CPU: SGLang's TileLang
+    kernels and ours replaced by the torch reference, the inputs made on the CPU, the waits and
+    the timing recorded. It synchronizes once, after both checked calls, before timing."""
+    from types import SimpleNamespace
+
+    from dsv4spec.bench import mhc as bench_mhc
+
+    synced, emptied, timed = [], [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    make_inputs = bench_mhc.make_inputs
+    monkeypatch.setattr(bench_mhc, "make_inputs",
+                        lambda T, H, seed, device: make_inputs(T, H, seed, device="cpu"))
+
+    def reference(residual, fn, scale, base, norm_weight):
+        return bench_mhc.torch_pre(residual, {"fn": fn, "scale": scale, "base": base,
+                                              "norm_weight": norm_weight}, True)
+
+    def sglang_mhc_pre(residual, fn, scale, base, *mix, norm_weight, norm_eps):
+        return reference(residual, fn, scale, base, norm_weight)
+
+    def ours_mhc_pre(residual, fn, hc_scale, hc_base, norm_weight, norm_eps=None):
+        return reference(residual, fn, hc_scale, hc_base, norm_weight)
+
+    def fake_timing(fns, modes, quick):
+        timed.append((sorted(fns), len(synced)))
+        return {m: [1.0, 2.0] for m in modes}
+
+    monkeypatch.setattr(tune, "_graph_and_eager", fake_timing)
+    measure = tune.Measure("cuda")
+    measure._loaded["mhc"] = (SimpleNamespace(mhc_pre=sglang_mhc_pre), {"pre": ours_mhc_pre})
+    g = tune.GRIDS["mhc_pre"]
+    assert measure.point(g, 64, 2, quick=True) == {m: [1.0, 2.0] for m in g.modes}
+    assert synced == ["cuda"] and timed == [(["engine", "ours"], 1)] and emptied == [1]
+
+
+def test_a_failed_measurement_names_the_hook_and_the_point(fake_gpu, monkeypatch, capsys):
+    def point(self, g, key, count, quick):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(FakeMeasure, "point", point)
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_pre"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert ("measuring mhc_pre at hidden_size=7168, num_tokens=1: RecursionError: maximum "
+            "recursion depth exceeded") in err
+    assert not fake_gpu.exists()

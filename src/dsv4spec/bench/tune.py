@@ -244,8 +244,9 @@ class Measure:
         self._loaded: dict[str, object] = {}
 
     def _sync(self) -> None:
-        if self.device != "cpu":
-            self._sync()
+        """Wait for the device's work (both providers' checked outputs) before timing."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def prepare(self, groups) -> None:
         """Load every peer the groups need now, so a missing one fails before any timing."""
@@ -278,7 +279,7 @@ class Measure:
 
     def point(self, g: Grid, key: int, count: int, quick: bool) -> dict:
         result = getattr(self, f"_{g.group}")(g, key, count, quick)
-        if self.device != "cpu":
+        if torch.device(self.device).type == "cuda":
             torch.cuda.empty_cache()
         return result
 
@@ -354,6 +355,10 @@ class Measure:
 
 # ---------------------------------------------------------------------------------------------
 # The run: refuse, plan, resume, measure, write
+
+
+class MeasurementError(RuntimeError):
+    """A measurement failed; the message names the hook and the point, then the error."""
 
 
 def environment() -> dict:
@@ -488,7 +493,12 @@ def main(args: argparse.Namespace) -> int:
                     done += 1
                     if str(count) in by_count:
                         continue
-                    by_count[str(count)] = measure.point(g, key, count, args.quick)
+                    try:
+                        by_count[str(count)] = measure.point(g, key, count, args.quick)
+                    except Exception as e:  # noqa: BLE001 - re-raised, naming the point
+                        raise MeasurementError(
+                            f"measuring {hook} at {g.key}={key}, {g.count}={count}: "
+                            f"{type(e).__name__}: {e}") from e
                     _write_json(partial, state)
                     r = by_count[str(count)]
                     elapsed = time.perf_counter() - start
