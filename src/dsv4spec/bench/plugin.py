@@ -7,18 +7,27 @@ the callables interleaved repeat by repeat (``common.time_eager_side_by_side``):
 caller pays. Variants: the op with plain tensors, the op with Parameters, the target hook (its
 guard and step-aside checks included) with Parameters, and SGLang's ``fused_hc_head`` where its
 source is found.
+
+The hooks run dsv4spec's path only while SGLang serves DeepSeek-V4
+(:mod:`dsv4spec.integrations.sglang.served_model`); the benchmark has no SGLang server, so its
+hook calls run under a stand-in runtime context that reports DeepSeek-V4's ``model_type``
+(:func:`serving_dsv4`), restored afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 import time
 import types
+from collections.abc import Iterator
 
 import torch
 
 from dsv4spec.bench import common
 from dsv4spec.bench.hc_head import EPS, make_inputs
+from dsv4spec.integrations.sglang import served_model
 from dsv4spec.integrations.sglang.hc_head import make_target_hook
 from dsv4spec.kernels import hc_head_precompile as hc_head_kernels
 from dsv4spec.ops import hc_head
@@ -44,7 +53,46 @@ def _sglang_fused_hc_head():
         return None
 
 
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def serving_dsv4() -> Iterator[None]:
+    """SGLang's runtime context, as the served-model gate reads it, reports a DeepSeek-V4 server
+    (``process_model_config().hf_config.model_type == "deepseek_v4"``) inside the block: on the
+    loaded ``sglang.srt.runtime_context`` (a stand-in's) or on a new module where none is loaded.
+    The gate's remembered verdict is emptied on entry; the module, its ``process_model_config``
+    and the verdict are restored on exit."""
+    name = served_model.RUNTIME_CONTEXT_MODULE
+    context = sys.modules.get(name)
+    added = context is None
+    if added:
+        context = types.ModuleType(name)
+        sys.modules[name] = context
+    saved = getattr(context, "process_model_config", _MISSING)
+    verdict = served_model._serves_dsv4
+    config = types.SimpleNamespace(
+        hf_config=types.SimpleNamespace(model_type=served_model.DSV4_MODEL_TYPE))
+    context.process_model_config = lambda: config
+    served_model._serves_dsv4 = None
+    try:
+        yield
+    finally:
+        served_model._serves_dsv4 = verdict
+        if saved is _MISSING:
+            del context.process_model_config
+        else:
+            context.process_model_config = saved
+        if added and sys.modules.get(name) is context:
+            del sys.modules[name]
+
+
 def main(args: argparse.Namespace) -> int:
+    with serving_dsv4():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     env = common.environment()
     index = torch.cuda.current_device()
     rows = []
