@@ -41,3 +41,14 @@ def round_to(y, DTYPE: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
         y = bits.to(tl.float32, bitcast=True)
     return y.to(DTYPE)
+
+
+@triton.jit
+def split_bf16x3(f):
+    """fp32 ``f`` as three bf16 parts ``hi + mid + lo`` that carry its 24 bits: a bf16 operand
+    times each part is exact, so three tensor-core products summed in fp32 give fp32 accuracy."""
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    return hi, mid, lo

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels.device import round_to
+from dsv4spec.kernels.device import round_to, split_bf16x3
 from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -193,10 +193,7 @@ def _hc_head_partials_mma_kernel(
         xt = tl.load(rows[:, None] + offs_h[None, :], mask=mask_r[:, None] & mask_h[None, :],
                      other=0.0, eviction_policy=X_POLICY)
         f = tl.load(fn_cols[None, :] + offs_h[:, None], mask=mask_h[:, None], other=0.0)
-        hi = f.to(tl.bfloat16)
-        rest = f - hi.to(tl.float32)
-        mid = rest.to(tl.bfloat16)
-        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        hi, mid, lo = split_bf16x3(f)
         # The tensor cores truncate as they accumulate, so each chunk's products start from
         # zero (smallest parts first) and the chunks add up in fp32 registers, rounded: over
         # 4H = 28672 terms one long chain lost 1.6e-6 of sum(x^2) (docs/design.md).

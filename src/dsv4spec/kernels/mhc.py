@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.device import num_sms, round_to, supports_pdl
+from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, supports_pdl
 from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -73,6 +73,23 @@ def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
     # the same expression in the boundary's partials and in mhc_post
     v = p * fv + (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3)
     return round_to(v, DTYPE)
+
+
+@triton.jit
+def _load_mixes(post_ptr, comb_ptr, t, mask):
+    # the previous layer's post [4] and comb [4, 4] of tokens t, each weight shaped as t
+    pp = post_ptr + t * 4
+    cp = comb_ptr + t * 16
+    return (tl.load(pp, mask=mask, other=0.0), tl.load(pp + 1, mask=mask, other=0.0),
+            tl.load(pp + 2, mask=mask, other=0.0), tl.load(pp + 3, mask=mask, other=0.0),
+            tl.load(cp, mask=mask, other=0.0), tl.load(cp + 1, mask=mask, other=0.0),
+            tl.load(cp + 2, mask=mask, other=0.0), tl.load(cp + 3, mask=mask, other=0.0),
+            tl.load(cp + 4, mask=mask, other=0.0), tl.load(cp + 5, mask=mask, other=0.0),
+            tl.load(cp + 6, mask=mask, other=0.0), tl.load(cp + 7, mask=mask, other=0.0),
+            tl.load(cp + 8, mask=mask, other=0.0), tl.load(cp + 9, mask=mask, other=0.0),
+            tl.load(cp + 10, mask=mask, other=0.0), tl.load(cp + 11, mask=mask, other=0.0),
+            tl.load(cp + 12, mask=mask, other=0.0), tl.load(cp + 13, mask=mask, other=0.0),
+            tl.load(cp + 14, mask=mask, other=0.0), tl.load(cp + 15, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -110,28 +127,8 @@ def _mhc_partials_kernel(
         if PDL:  # after the wait, so the finalize's early loads of x never see it half-written
             gdc_launch_dependents()
     if POST:  # the previous layer's post and comb, per token: [BLOCK_T, 1, 1]
-        pp = post_ptr + t3 * 4
-        p0 = tl.load(pp, mask=mask_t3, other=0.0)
-        p1 = tl.load(pp + 1, mask=mask_t3, other=0.0)
-        p2 = tl.load(pp + 2, mask=mask_t3, other=0.0)
-        p3 = tl.load(pp + 3, mask=mask_t3, other=0.0)
-        cp = comb_ptr + t3 * 16
-        c00 = tl.load(cp, mask=mask_t3, other=0.0)
-        c01 = tl.load(cp + 1, mask=mask_t3, other=0.0)
-        c02 = tl.load(cp + 2, mask=mask_t3, other=0.0)
-        c03 = tl.load(cp + 3, mask=mask_t3, other=0.0)
-        c10 = tl.load(cp + 4, mask=mask_t3, other=0.0)
-        c11 = tl.load(cp + 5, mask=mask_t3, other=0.0)
-        c12 = tl.load(cp + 6, mask=mask_t3, other=0.0)
-        c13 = tl.load(cp + 7, mask=mask_t3, other=0.0)
-        c20 = tl.load(cp + 8, mask=mask_t3, other=0.0)
-        c21 = tl.load(cp + 9, mask=mask_t3, other=0.0)
-        c22 = tl.load(cp + 10, mask=mask_t3, other=0.0)
-        c23 = tl.load(cp + 11, mask=mask_t3, other=0.0)
-        c30 = tl.load(cp + 12, mask=mask_t3, other=0.0)
-        c31 = tl.load(cp + 13, mask=mask_t3, other=0.0)
-        c32 = tl.load(cp + 14, mask=mask_t3, other=0.0)
-        c33 = tl.load(cp + 15, mask=mask_t3, other=0.0)
+        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
+         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, t3, mask_t3)
     acc = tl.zeros([BLOCK_T, 32, BLOCK_K], dtype=tl.float32)
     g00 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
@@ -211,11 +208,7 @@ def _fn_columns(fn_ptr, stride_fn, offs_h, mask_h, J0: tl.constexpr, H):
     offs_c = tl.arange(0, 32)
     f = tl.load(fn_ptr + (J0 + offs_c[None, :] // 4) * stride_fn + (offs_c[None, :] % 4) * H
                 + offs_h[:, None], mask=mask_h[:, None], other=0.0)
-    hi = f.to(tl.bfloat16)
-    rest = f - hi.to(tl.float32)
-    mid = rest.to(tl.bfloat16)
-    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-    return hi, mid, lo
+    return split_bf16x3(f)
 
 
 @triton.jit
@@ -255,28 +248,8 @@ def _mhc_partials_mma_kernel(
     if POST:  # 2-D [BLOCK_T, 1] per-token weights and [BLOCK_T, BLOCK_K] stream tiles
         tt = (t0 + tl.arange(0, BLOCK_T))[:, None]
         mt = tt < T
-        pp = post_ptr + tt * 4
-        p0 = tl.load(pp, mask=mt, other=0.0)
-        p1 = tl.load(pp + 1, mask=mt, other=0.0)
-        p2 = tl.load(pp + 2, mask=mt, other=0.0)
-        p3 = tl.load(pp + 3, mask=mt, other=0.0)
-        cp = comb_ptr + tt * 16
-        c00 = tl.load(cp, mask=mt, other=0.0)
-        c01 = tl.load(cp + 1, mask=mt, other=0.0)
-        c02 = tl.load(cp + 2, mask=mt, other=0.0)
-        c03 = tl.load(cp + 3, mask=mt, other=0.0)
-        c10 = tl.load(cp + 4, mask=mt, other=0.0)
-        c11 = tl.load(cp + 5, mask=mt, other=0.0)
-        c12 = tl.load(cp + 6, mask=mt, other=0.0)
-        c13 = tl.load(cp + 7, mask=mt, other=0.0)
-        c20 = tl.load(cp + 8, mask=mt, other=0.0)
-        c21 = tl.load(cp + 9, mask=mt, other=0.0)
-        c22 = tl.load(cp + 10, mask=mt, other=0.0)
-        c23 = tl.load(cp + 11, mask=mt, other=0.0)
-        c30 = tl.load(cp + 12, mask=mt, other=0.0)
-        c31 = tl.load(cp + 13, mask=mt, other=0.0)
-        c32 = tl.load(cp + 14, mask=mt, other=0.0)
-        c33 = tl.load(cp + 15, mask=mt, other=0.0)
+        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
+         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc0 = tl.zeros([ROWS, 32], dtype=tl.float32)
     acc1 = tl.zeros([ROWS, 32], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, 32], dtype=tl.float32)
