@@ -345,16 +345,28 @@ def _shown(prompt: str, limit: int = 200) -> str:
 
 
 def _progress(engine: Engine, reqs: list[Request], chunk: int) -> list:
-    """Progress bars on stderr: the prefill (prompts longer than one chunk) and the tokens."""
+    """Progress bars on stderr, one at a time: the prefill (prompts longer than one chunk), then
+    the generated tokens from the first step on. Returns the bars, for closing."""
     from tqdm import tqdm
 
     bars = []
     prompt_tokens = sum(len(r.prompt) for r in reqs)
     if max(len(r.prompt) for r in reqs) > chunk:
         prefill = tqdm(total=prompt_tokens, desc="prefill", unit="tok")
-        engine.on_prefill = lambda e, done: prefill.update(done - prefill.n)
         bars.append(prefill)
-    bar = tqdm(total=len(reqs) * reqs[0].max_new_tokens, desc="generate", unit="tok")
-    engine.on_step = lambda e, active: bar.update(sum(len(r.output) for r in reqs) - bar.n)
-    bars.append(bar)
+
+        def on_prefill(e, done: int) -> None:
+            prefill.update(done - prefill.n)
+            if done == prompt_tokens:
+                prefill.close()
+
+        engine.on_prefill = on_prefill
+
+    def on_step(e, active) -> None:
+        if len(bars) == 0 or bars[-1].desc != "generate":
+            bars.append(tqdm(total=len(reqs) * reqs[0].max_new_tokens, desc="generate",
+                             unit="tok"))
+        bars[-1].update(sum(len(r.output) for r in reqs) - bars[-1].n)
+
+    engine.on_step = on_step
     return bars
