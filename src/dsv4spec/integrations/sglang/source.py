@@ -10,9 +10,10 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from dsv4spec.integrations.source import load_module_from_path, package_file
 
 ROOT_ENV = "DSV4SPEC_SGLANG_ROOT"
 
@@ -54,13 +55,8 @@ def sglang_file(relpath: str) -> Path:
     FileNotFoundError
         If SGLang's source is not found, or has no such file.
     """
-    root = sglang_root()
-    if root is None:
-        raise FileNotFoundError(f"SGLang's source not found: install sglang or set {ROOT_ENV}")
-    path = root / "sglang" / relpath
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (SGLang {sglang_version()})")
-    return path
+    return package_file(sglang_root(), "sglang", relpath, "SGLang",
+                        f"install sglang or set {ROOT_ENV}", sglang_version)
 
 
 def load_sglang_module(relpath: str, name: str | None = None) -> ModuleType:
@@ -80,19 +76,7 @@ def load_sglang_module(relpath: str, name: str | None = None) -> ModuleType:
     path = sglang_file(relpath)
     if name is None:
         name = "_dsv4spec_sglang_" + relpath.removesuffix(".py").replace("/", "_")
-    loaded = sys.modules.get(name)
-    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-        return loaded
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    # Registered before execution: dataclasses and Triton's JIT look the module up by name.
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return load_module_from_path(path, name)
 
 
 def sglang_version() -> str | None:

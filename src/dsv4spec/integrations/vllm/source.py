@@ -10,12 +10,13 @@ ignored ``.vllm-src/``); ``$DSV4SPEC_VLLM_SRC`` points elsewhere (a directory ho
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.util
 import os
 import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
+
+from dsv4spec.integrations.source import load_module_from_path, package_file
 
 SRC_ENV = "DSV4SPEC_VLLM_SRC"
 SUPPORTED_VLLM_VERSION = "0.33.0"
@@ -66,13 +67,8 @@ def vllm_file(relpath: str, root: str | os.PathLike | None = None) -> Path:
 
     Raises ``FileNotFoundError`` if vLLM's source is not found or has no such file.
     """
-    root = vllm_src() if root is None else Path(root)
-    if root is None:
-        raise FileNotFoundError(f"vLLM's source not found: run `make setup` or set {SRC_ENV}")
-    path = root / "vllm" / relpath
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (vLLM {vllm_version()})")
-    return path
+    return package_file(vllm_src() if root is None else Path(root), "vllm", relpath, "vLLM",
+                        f"run `make setup` or set {SRC_ENV}", vllm_version)
 
 
 def vllm_version() -> str | None:
@@ -92,19 +88,7 @@ def load_vllm_module(relpath: str, name: str, root: str | os.PathLike | None = N
     """Execute one ``.py`` file of vLLM by path as module ``name`` (registered in
     ``sys.modules`` before it runs, reused when already loaded from the same file). Whatever it
     imports from ``vllm`` must already be in ``sys.modules`` (stand-ins or files loaded so)."""
-    path = vllm_file(relpath, root)
-    loaded = sys.modules.get(name)
-    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-        return loaded
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return load_module_from_path(vllm_file(relpath, root), name)
 
 
 def unpack_wheel(wheel: str | os.PathLike, dest: str | os.PathLike) -> int:
