@@ -37,6 +37,7 @@ from types import ModuleType, SimpleNamespace
 import torch
 
 from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file, sglang_version
+from dsv4spec.integrations.source import link_to_parent, stand_in_package
 
 __all__ = ["CALL_SITES", "install_stubs", "load_sglang_mhc", "sglang_kernels",
            "sglang_mhc_peer", "sglang_version"]
@@ -139,17 +140,6 @@ def _stub_attributes() -> dict[str, dict[str, object]]:
     }
 
 
-def _package(name: str, added: list[str]) -> ModuleType:
-    """``sys.modules[name]``, created as an empty package (no search path) when absent."""
-    module = sys.modules.get(name)
-    if module is None:
-        module = ModuleType(name)
-        module.__path__ = []  # children resolve through sys.modules only, never from disk
-        sys.modules[name] = module
-        added.append(name)
-    return module
-
-
 def install_stubs() -> list[str]:
     """Put the stand-ins in ``sys.modules``; return the names added.
 
@@ -163,19 +153,17 @@ def install_stubs() -> list[str]:
     for name in names:
         parts = name.split(".")
         for i in range(1, len(parts)):
-            _package(".".join(parts[:i]), added)
+            stand_in_package(".".join(parts[:i]), added)
     if "sglang.srt.environ" not in sys.modules:
         load_sglang_module(ENVIRON_FILE, name="sglang.srt.environ")
         added.append("sglang.srt.environ")
     for name, attrs in _stub_attributes().items():
         if name not in sys.modules or name in added:  # ours (maybe made above as a parent)
-            module = _package(name, added)
+            module = stand_in_package(name, added)
             for key, value in attrs.items():
                 setattr(module, key, value)
     for name in added:  # link each new module to its parent, as an import would
-        parent, _, child = name.rpartition(".")
-        if parent and not hasattr(sys.modules[parent], child):
-            setattr(sys.modules[parent], child, sys.modules[name])
+        link_to_parent(name)
     return sorted(added)
 
 

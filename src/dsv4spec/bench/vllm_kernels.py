@@ -44,6 +44,7 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
+from dsv4spec.integrations.source import link_to_parent, stand_in_package
 from dsv4spec.integrations.vllm.source import SRC_ENV, load_vllm_module, vllm_src, vllm_version
 
 __all__ = ["KERNELS_FILE", "TILELANG_FILE", "install_stubs", "load_vllm_mhc_kernels",
@@ -110,22 +111,6 @@ def _stub_attributes() -> dict[str, dict[str, object]]:
     }
 
 
-def _package(name: str, added: list[str]) -> ModuleType:
-    module = sys.modules.get(name)
-    if module is None:
-        module = ModuleType(name)
-        module.__path__ = []  # children resolve through sys.modules only, never from disk
-        sys.modules[name] = module
-        added.append(name)
-    return module
-
-
-def _link(name: str) -> None:
-    parent, _, child = name.rpartition(".")
-    if parent in sys.modules and not hasattr(sys.modules[parent], child):
-        setattr(sys.modules[parent], child, sys.modules[name])
-
-
 def install_stubs() -> list[str]:
     """Put the stand-ins (and empty parent packages) in ``sys.modules``; return the names
     added. Names already present (the real package, or other stand-ins) are left alone."""
@@ -133,23 +118,23 @@ def install_stubs() -> list[str]:
     for name, attrs in _stub_attributes().items():
         parts = name.split(".")
         for i in range(1, len(parts)):
-            _package(".".join(parts[:i]), added)
+            stand_in_package(".".join(parts[:i]), added)
         if name not in sys.modules:
-            module = _package(name, added)
+            module = stand_in_package(name, added)
             for key, value in attrs.items():
                 setattr(module, key, value)
     for name in ("vllm.model_executor.kernels.mhc", "vllm.model_executor.warmup"):
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
-            _package(".".join(parts[:i]), added)
+            stand_in_package(".".join(parts[:i]), added)
     for name in added:
-        _link(name)
+        link_to_parent(name)
     return sorted(added)
 
 
 def _load(relpath: str, name: str, root) -> ModuleType:
     module = load_vllm_module(relpath, name, root)
-    _link(name)
+    link_to_parent(name)
     return module
 
 
@@ -183,7 +168,7 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
     _load(*_HELPERS[0], root)
     if kernels is not None:
         sys.modules[KERNELS_MOD] = kernels
-        _link(KERNELS_MOD)
+        link_to_parent(KERNELS_MOD)
     elif KERNELS_MOD not in sys.modules:
         for relpath, name in _HELPERS[1:]:
             _load(relpath, name, root)

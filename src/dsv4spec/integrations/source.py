@@ -1,10 +1,10 @@
 """Single files of a serving engine's source, found and executed by path without importing the
-engine's package.
+engine's package, and the empty stand-in packages such files are executed under.
 
 Importing SGLang or vLLM pulls in CUDA-only libraries; tests and benchmarks need only a few
 self-contained files of either. Each engine's ``source`` module finds its source tree; this one
-holds what does not depend on the engine: a file's path inside a package folder, and executing a
-file as a module.
+holds what does not depend on the engine: a file's path inside a package folder, executing a file
+as a module, and the ``sys.modules`` entries for the dotted packages such a file imports from.
 """
 
 from __future__ import annotations
@@ -51,3 +51,24 @@ def load_module_from_path(path: Path, name: str) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+def stand_in_package(name: str, added: list[str]) -> ModuleType:
+    """``sys.modules[name]``, created as an empty package when absent (its name then appended to
+    ``added``). It has no search path: its children resolve through ``sys.modules`` only, never
+    from disk, so nothing of the real engine is imported through it."""
+    module = sys.modules.get(name)
+    if module is None:
+        module = ModuleType(name)
+        module.__path__ = []
+        sys.modules[name] = module
+        added.append(name)
+    return module
+
+
+def link_to_parent(name: str) -> None:
+    """Bind module ``name`` as an attribute of its parent package, as an import would, where the
+    parent is loaded and has no such attribute yet."""
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules and not hasattr(sys.modules[parent], child):
+        setattr(sys.modules[parent], child, sys.modules[name])
