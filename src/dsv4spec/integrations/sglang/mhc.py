@@ -52,6 +52,7 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
     run_where_measured_faster,
 )
+from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
@@ -59,10 +60,6 @@ from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
-
-HC = 4
-
-
 
 # Where dsv4spec's op beat SGLang's function, per GPU architecture (compute capability), mode
 # ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager call)
@@ -182,49 +179,6 @@ def _rejected(op: str, error: Exception) -> Any:
     return STEP_ASIDE
 
 
-def _streams_ok(residual: Any) -> bool:
-    """``residual`` is ``[T, 4, H]`` bf16 (SGLang's kernels take bf16 only), contiguous, T > 0."""
-    return (isinstance(residual, torch.Tensor) and residual.dim() == 3
-            and residual.shape[1] == HC and residual.shape[0] > 0 and residual.shape[2] > 0
-            and residual.dtype == torch.bfloat16 and residual.is_contiguous())
-
-
-def _post_ok(x: Any, residual: torch.Tensor, post_layer_mix: Any, comb_res_mix: Any) -> bool:
-    T, hc, H = residual.shape
-    return (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
-            and isinstance(comb_res_mix, torch.Tensor) and x.dtype == torch.bfloat16
-            and tuple(x.shape) == (T, H)
-            and tuple(post_layer_mix.shape) in ((T, hc, 1), (T, hc))
-            and post_layer_mix.is_contiguous() and tuple(comb_res_mix.shape) == (T, hc, hc))
-
-
-def _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat,
-                norm_weight, norm_eps, hidden_size) -> dict | None:
-    """dsv4spec's ``mhc_pre`` arguments for SGLang's, or None where they do not map exactly.
-
-    SGLang adds ``hc_pre_eps`` to the pre weights' sigmoid and uses ``hc_sinkhorn_eps`` in the
-    Sinkhorn (``softmax + eps``, then each normalisation's ``/ (sum + eps)``); dsv4spec's op has
-    one ``hc_eps`` for both, so the call maps only when the two are equal (DSV4 passes its
-    ``hc_eps`` twice): ``hc_eps = hc_pre_eps``. ``rms_eps`` is the factor r's epsilon in both,
-    ``hc_post_mult_value`` is ``post_mult`` and ``sinkhorn_repeat`` is ``sinkhorn_iters`` (one
-    softmax + column pass, then ``sinkhorn_repeat - 1`` row/column passes in both). SGLang rounds
-    ``norm_weight`` to bf16 before the fused RMSNorm; ours would use a float32 weight as is, so
-    only a bf16 weight maps (DSV4's RMSNorm weight is bf16). SGLang ignores ``norm_eps`` without
-    ``norm_weight``, and so does this mapping.
-    """
-    if hc_pre_eps != hc_sinkhorn_eps:
-        return None
-    kwargs = {"rms_eps": float(rms_eps), "hc_eps": float(hc_pre_eps),
-              "sinkhorn_iters": sinkhorn_repeat, "post_mult": float(hc_post_mult_value)}
-    if norm_weight is not None:
-        if (not isinstance(norm_weight, torch.Tensor) or norm_weight.dtype != torch.bfloat16
-                or tuple(norm_weight.shape) != (hidden_size,) or norm_eps is None):
-            return None
-        kwargs["norm_weight"] = norm_weight
-        kwargs["norm_eps"] = float(norm_eps)
-    return kwargs
-
-
 def fast_mhc_pre(
     residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
     rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
@@ -237,10 +191,10 @@ def fast_mhc_pre(
     ``n_splits`` and ``n_splits_pre`` only tile SGLang's GEMM; SGLang asserts ``n_splits == 1``
     where DeepGEMM is absent, so any other value steps aside and meets SGLang's own checks.
     """
-    if not _streams_ok(residual) or n_splits != 1 or sglang_symmetric_memory():
+    if not streams_ok(residual) or n_splits != 1 or sglang_symmetric_memory():
         return STEP_ASIDE
-    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
-                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                        sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
     if kwargs is None:
         return STEP_ASIDE
 
@@ -263,7 +217,7 @@ def fast_mhc_post(
     """Fast path for SGLang's ``mhc_post``: ``[T, 4, H]`` bf16 from dsv4spec's
     :func:`~dsv4spec.ops.mhc_post` (``post_layer_mix`` ``[T, 4, 1]`` or ``[T, 4]``, as SGLang
     takes it), or STEP_ASIDE."""
-    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+    if not streams_ok(residual) or not post_shapes_ok(x, residual, post_layer_mix, comb_res_mix):
         return STEP_ASIDE
     T = residual.shape[0]
     post = post_layer_mix.view(T, HC)
@@ -291,11 +245,11 @@ def fast_mhc_fused_post_pre(
     ``n_splits`` and ``tile_n`` only tile SGLang's kernels (it overrides both from the token
     count); they do not change the result and are ignored.
     """
-    if (not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix)
+    if (not streams_ok(residual) or not post_shapes_ok(x, residual, post_layer_mix, comb_res_mix)
             or sglang_symmetric_memory()):
         return STEP_ASIDE
-    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
-                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                        sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
     if kwargs is None:
         return STEP_ASIDE
     T = residual.shape[0]

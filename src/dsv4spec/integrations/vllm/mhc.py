@@ -31,13 +31,13 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
     run_where_measured_faster,
 )
+from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
 from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS, TABLES
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
 
-HC = 4
 _warned: set[str] = set()
 # Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
 _compiled: set[tuple] = set()
@@ -125,46 +125,11 @@ def rejected(op: str, error: Exception) -> Any:
     return STEP_ASIDE
 
 
-def _streams_ok(residual: Any) -> bool:
-    """``residual`` is ``[T, 4, H]`` bf16 (vLLM's kernels take bf16 only), contiguous, T > 0."""
-    return (isinstance(residual, torch.Tensor) and residual.dim() == 3
-            and residual.shape[1] == HC and residual.shape[0] > 0 and residual.shape[2] > 0
-            and residual.dtype == torch.bfloat16 and residual.is_contiguous())
-
-
 def _post_ok(x: Any, residual: torch.Tensor, post_layer_mix: Any, comb_res_mix: Any) -> bool:
-    T, hc, H = residual.shape
-    return (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
-            and isinstance(comb_res_mix, torch.Tensor) and x.dtype == torch.bfloat16
-            and tuple(x.shape) == (T, H) and post_layer_mix.dtype == torch.float32
-            and tuple(post_layer_mix.shape) in ((T, hc, 1), (T, hc))
-            and post_layer_mix.is_contiguous() and comb_res_mix.dtype == torch.float32
-            and tuple(comb_res_mix.shape) == (T, hc, hc))
-
-
-def _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat,
-                norm_weight, norm_eps, hidden_size) -> dict | None:
-    """dsv4spec's ``mhc_pre`` arguments for vLLM's, or None where they do not map exactly.
-
-    vLLM adds ``hc_pre_eps`` to the pre weights' sigmoid and uses ``hc_sinkhorn_eps`` in the
-    Sinkhorn; dsv4spec's op has one ``hc_eps`` for both, so the call maps only when they are
-    equal (DSV4 passes its ``hc_eps`` twice). ``rms_eps`` is the factor r's epsilon in both,
-    ``hc_post_mult_value`` is ``post_mult`` and ``sinkhorn_repeat`` is ``sinkhorn_iters`` (one
-    softmax + column pass, then ``sinkhorn_repeat - 1`` row/column passes in both). Both round
-    the collapsed input to bf16 before the fused RMSNorm; vLLM casts a non-bf16 ``norm_weight``
-    to bf16 first, ours would use it as is, so only a bf16 weight maps (DSV4's is bf16).
-    """
-    if hc_pre_eps != hc_sinkhorn_eps:
-        return None
-    kwargs = {"rms_eps": float(rms_eps), "hc_eps": float(hc_pre_eps),
-              "sinkhorn_iters": sinkhorn_repeat, "post_mult": float(hc_post_mult_value)}
-    if norm_weight is not None:
-        if (not isinstance(norm_weight, torch.Tensor) or norm_weight.dtype != torch.bfloat16
-                or tuple(norm_weight.shape) != (hidden_size,) or norm_eps is None):
-            return None
-        kwargs["norm_weight"] = norm_weight
-        kwargs["norm_eps"] = float(norm_eps)
-    return kwargs
+    """:func:`~dsv4spec.integrations.mhc.post_shapes_ok`, with both mixes float32 (vLLM's
+    kernels take float32 mixes only)."""
+    return (post_shapes_ok(x, residual, post_layer_mix, comb_res_mix)
+            and post_layer_mix.dtype == torch.float32 and comb_res_mix.dtype == torch.float32)
 
 
 def fast_mhc_pre(
@@ -176,10 +141,10 @@ def fast_mhc_pre(
     """Fast path for vLLM's ``mhc_pre_tilelang``: ``(post_mix [T, 4, 1] f32, comb_mix
     [T, 4, 4] f32, layer_input [T, H] bf16)`` from dsv4spec's :func:`~dsv4spec.ops.mhc_pre`, or
     STEP_ASIDE. ``n_splits`` is ignored, as vLLM ignores it (its GEMM picks its own split)."""
-    if not _streams_ok(residual):
+    if not streams_ok(residual):
         return STEP_ASIDE
-    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
-                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                        sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
     if kwargs is None:
         return STEP_ASIDE
 
@@ -202,7 +167,7 @@ def fast_mhc_post(
     """Fast path for vLLM's ``mhc_post_tilelang``: ``[T, 4, H]`` bf16 from dsv4spec's
     :func:`~dsv4spec.ops.mhc_post` (``post_layer_mix`` ``[T, 4, 1]`` or ``[T, 4]``, as vLLM
     takes it), or STEP_ASIDE."""
-    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+    if not streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
         return STEP_ASIDE
     post = post_layer_mix.view(residual.shape[0], HC)
 
@@ -226,10 +191,10 @@ def fast_mhc_fused_post_pre(
     post_mix_cur [T, 4, 1] f32, comb_mix_cur [T, 4, 4] f32, layer_input_cur [T, H] bf16)`` from
     dsv4spec's :func:`~dsv4spec.ops.mhc_post_pre`, or STEP_ASIDE. ``n_splits`` and ``tile_n``
     are ignored, as vLLM ignores them (it picks both from the token count)."""
-    if not _streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+    if not streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
         return STEP_ASIDE
-    kwargs = _pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
-                         sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+    kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                        sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
     if kwargs is None:
         return STEP_ASIDE
     post_in = post_layer_mix.view(residual.shape[0], HC)
