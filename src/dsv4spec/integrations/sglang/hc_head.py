@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import Any
 
 import torch
 
 from dsv4spec.capture import stream_capturing
+from dsv4spec.integrations.hc_head import precompile_hc_head
 from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
@@ -39,7 +39,7 @@ from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head import HC
-from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS, precompile
+from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS
 from dsv4spec.ops import hc_head
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
@@ -130,11 +130,7 @@ def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     if index >= 0:
         if stream_capturing(index):
             return None
-        start = time.perf_counter()
-        count = precompile(x.shape[2], x.dtype, index)
-        logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: "
-                       "%d variants compiled in %.1f s", x.shape[2], x.dtype,
-                       PRECOMPILE_MAX_TOKENS, index, count, time.perf_counter() - start)
+        precompile_hc_head(x.shape[2], x.dtype, index, logger)
     _ready[key] = _architecture(x)
     return _ready[key]
 

@@ -16,16 +16,16 @@ capture), and steps aside where :mod:`~dsv4spec.integrations.vllm.mhc`'s rules s
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
 
 from dsv4spec.capture import stream_capturing
+from dsv4spec.integrations.hc_head import precompile_hc_head
 from dsv4spec.integrations.hooks import STEP_ASIDE, gpu_architecture
 from dsv4spec.integrations.vllm.mhc import HC, prefers_dsv4spec, rejected, vllm_batch_invariant
 from dsv4spec.kernels import on_rocm, triton_runs_on
-from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS, precompile
+from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS
 from dsv4spec.ops import hc_head
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
@@ -47,11 +47,7 @@ def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     if index >= 0:
         if stream_capturing(index):
             return None
-        start = time.perf_counter()
-        count = precompile(x.shape[2], x.dtype, index)
-        logger.warning("dsv4spec: hc_head kernels for H = %d, %s, T = 1..%d on cuda:%d ready: "
-                       "%d variants compiled in %.1f s", x.shape[2], x.dtype,
-                       PRECOMPILE_MAX_TOKENS, index, count, time.perf_counter() - start)
+        precompile_hc_head(x.shape[2], x.dtype, index, logger)
     _ready[key] = gpu_architecture(index)
     return _ready[key]
 
