@@ -21,15 +21,14 @@ import torch
 from dsv4spec.integrations.hooks import GuardedHook
 from dsv4spec.integrations.sglang import mhc as hooks
 from dsv4spec.integrations.sglang import plugin
-from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_reference
 
+from ..mhc_reference import HC_EPS, ITERS, NORM_EPS, RMS_EPS, reference
 from . import standins
 from .conftest import MHC_POST, MHC_POST_PRE, MHC_PRE, MHC_TARGETS
 from .standins import DEVICE
 from .test_guards import FAULTS
 
 SM90 = (9, 0)
-RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
 LOGGER = "dsv4spec.integrations.sglang"
 OPS = {MHC_PRE: "mhc_pre", MHC_POST: "mhc_post", MHC_POST_PRE: "mhc_fused_post_pre"}
 NAMES = {op: target for target, op in OPS.items()}
@@ -63,23 +62,6 @@ def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
     if op == "mhc_post":
         return (t["x"], t["residual"], t["post"], t["comb"]), {}
     return (t["x"], t["residual"], t["post"], t["comb"], *pre), kw
-
-
-def reference(op, t, norm=True):
-    """dsv4spec's float64 reference, in SGLang's output shapes."""
-    kw = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS, "post_mult": 2.0}
-    if norm:
-        kw.update(norm_weight=t["norm_weight"], norm_eps=NORM_EPS)
-    weights = (t["fn"], t["hc_scale"], t["hc_base"])
-    if op == "mhc_pre":
-        post, comb, y = mhc_pre_reference(t["residual"], *weights, **kw)
-        return post.unsqueeze(-1), comb, y
-    post2 = t["post"].squeeze(-1)
-    if op == "mhc_post":
-        return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
-    new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
-                                                *weights, **kw)
-    return new, post.unsqueeze(-1), comb, y
 
 
 def assert_close(actual, expected, what, fp32_rtol=1e-4, half_rtol=None):

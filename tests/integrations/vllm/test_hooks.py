@@ -19,18 +19,11 @@ from dsv4spec.integrations.vllm import hc_head as hc_head_hooks
 from dsv4spec.integrations.vllm import mhc as mhc_hooks
 from dsv4spec.integrations.vllm import plugin, register
 from dsv4spec.integrations.vllm.tables import TABLES
-from dsv4spec.ops import (
-    hc_head_reference,
-    mhc_post_pre_reference,
-    mhc_post_reference,
-    mhc_pre_reference,
-)
 
+from ..mhc_reference import HC_EPS, HEAD_HC_EPS, HEAD_RMS_EPS, ITERS, NORM_EPS, RMS_EPS, reference
 from .conftest import NAMES
 from .standins import DEVICE
 
-RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
-HEAD_RMS_EPS, HEAD_HC_EPS = 0.125, 0.75
 H = 128
 LOGGER = "dsv4spec.integrations.vllm"
 OPS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head")
@@ -85,27 +78,6 @@ def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
         return (t["residual"], *pre), kw
     return (t["x"], t["residual"], t["post"], t["comb"], *pre), {"n_splits": 1, "tile_n": 1,
                                                                   **kw}
-
-
-def reference(op, t, norm=True):
-    """dsv4spec's float64 reference, in vLLM's output shapes."""
-    if op == "hc_head":
-        return hc_head_reference(t["residual"].double(), t["head_fn"].double(),
-                                 t["head_scale"].double(), t["head_base"].double(),
-                                 norm_eps=HEAD_RMS_EPS, hc_eps=HEAD_HC_EPS)
-    kw = {"rms_eps": RMS_EPS, "hc_eps": HC_EPS, "sinkhorn_iters": ITERS, "post_mult": 2.0}
-    if norm:
-        kw.update(norm_weight=t["norm_weight"], norm_eps=NORM_EPS)
-    weights = (t["fn"], t["hc_scale"], t["hc_base"])
-    if op == "mhc_pre":
-        post, comb, y = mhc_pre_reference(t["residual"], *weights, **kw)
-        return post.unsqueeze(-1), comb, y
-    post2 = t["post"].squeeze(-1)
-    if op == "mhc_post":
-        return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
-    new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
-                                                *weights, **kw)
-    return new, post.unsqueeze(-1), comb, y
 
 
 def as_tuple(out):
