@@ -18,10 +18,10 @@ OFF_VALUES = ("0", "false", "off", "no", "n", "")
 
 
 def env_switch(name: str, default: bool) -> bool:
-    """The boolean environment switch ``name`` (unset: ``default``): ``ON_VALUES`` or
+    """The boolean environment switch ``name`` (unset or empty: ``default``): ``ON_VALUES`` or
     ``OFF_VALUES``, any case; any other value is logged at WARNING, naming it, and is off."""
     value = os.environ.get(name)
-    if value is None:
+    if value is None or not value.strip():
         return default
     word = value.strip().lower()
     if word in ON_VALUES:

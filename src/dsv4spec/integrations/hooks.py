@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -23,13 +22,14 @@ from typing import Any
 import torch
 
 from dsv4spec.kernels import on_rocm
-
-OFF_VALUES = ("0", "false", "off", "no")
+from dsv4spec.usage import OFF_VALUES, env_switch  # noqa: F401 - OFF_VALUES: the plugins' export
 
 
 def switch_on(switch: str) -> bool:
-    """Whether the environment switch ``switch`` leaves its hook on (unset: on)."""
-    return os.environ.get(switch, "1").strip().lower() not in OFF_VALUES
+    """Whether the environment switch ``switch`` leaves its hook on: unset, on; otherwise read as
+    every dsv4spec switch is (:func:`dsv4spec.usage.env_switch`): a value that is neither on nor
+    off is logged at WARNING, naming it, and turns the hook off."""
+    return env_switch(switch, True)
 
 
 class _StepAside:
