@@ -52,3 +52,20 @@ def split_bf16x3(f):
     mid = rest.to(tl.bfloat16)
     lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
     return hi, mid, lo
+
+
+@triton.jit
+def store_token_grams(ws_rows, stride_wk, gram, mask_r, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+                      DIAG_SLOT: tl.constexpr, PAIR_SLOT: tl.constexpr, PAIRS: tl.constexpr):
+    """Store each token's 4 x 4 Gram matrix from ``gram [ROWS, ROWS]``, the product of a tile of
+    rows ``(t, i)`` (token t, stream i; ``ROWS = 4 * BLOCK_T``) with its transpose: the diagonal
+    ``G_ii`` to slot ``DIAG_SLOT + i`` and, with ``PAIRS``, ``G_ij`` for i < j to ``PAIR_SLOT +``
+    (01, 02, 03, 12, 13, 23). ``ws_rows`` points at each row's token, ``mask_r`` its rows in T."""
+    offs_r = tl.arange(0, ROWS)
+    same_token = (offs_r[:, None] // 4) == (offs_r[None, :] // 4)
+    g = tl.sum(tl.reshape(tl.where(same_token, gram, 0.0), [ROWS, BLOCK_T, 4]), axis=1)
+    ii = offs_r[:, None] % 4  # g[(t, i), j] = G_ij of token t
+    jj = tl.arange(0, 4)[None, :]
+    slot = tl.where(ii == jj, DIAG_SLOT + ii, PAIR_SLOT + ii * (7 - ii) // 2 + jj - ii - 1)
+    keep = (ii == jj) | (PAIRS & (ii < jj))
+    tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)

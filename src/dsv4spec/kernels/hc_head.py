@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels.device import round_to, split_bf16x3
+from dsv4spec.kernels.device import round_to, split_bf16x3, store_token_grams
 from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -211,15 +211,9 @@ def _hc_head_partials_mma_kernel(
     jj = tl.arange(0, 4)
     tl.store(ws_ptr + tt[:, None] * stride_wt + split + jj[None, :] * stride_wk, mix,
              mask=(tt < T)[:, None])
-    ii = offs_r[:, None] % 4
     ws_rows = ws_ptr + offs_t * stride_wt + split
-    if GRAM or SUMSQ_DOT:
-        same_token = (offs_r[:, None] // 4) == (offs_r[None, :] // 4)
-        g = tl.sum(tl.reshape(tl.where(same_token, gram, 0.0), [ROWS, BLOCK_T, 4]), axis=1)
-        # g[(t, i), j] = G_ij of token t: diagonal to slot 4 + i, i < j to 8 + (01, 02, ..., 23)
-        slot = tl.where(ii == jj[None, :], 4 + ii, 8 + ii * (7 - ii) // 2 + jj[None, :] - ii - 1)
-        keep = (ii == jj[None, :]) | (GRAM & (ii < jj[None, :]))
-        tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
+    if GRAM or SUMSQ_DOT:  # diagonal to slots 4-7, the pairs to 8-13
+        store_token_grams(ws_rows, stride_wk, gram, mask_r, ROWS, BLOCK_T, 4, 8, GRAM)
     else:
         tl.store(ws_rows + (4 + offs_r % 4) * stride_wk, sumsq, mask=mask_r)
 

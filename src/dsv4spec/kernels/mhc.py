@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, supports_pdl
+from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, store_token_grams, supports_pdl
 from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -296,15 +296,8 @@ def _mhc_partials_mma_kernel(
     tl.store(wt, _stream_dots(acc0, ROWS, BLOCK_T), mask=mask_tb)
     tl.store(wt + 8 * stride_wk, _stream_dots(acc1, ROWS, BLOCK_T), mask=mask_tb)
     tl.store(wt + 16 * stride_wk, _stream_dots(acc2, ROWS, BLOCK_T), mask=mask_tb)
-    ii = offs_r[:, None] % 4
-    kk = tl.arange(0, 4)[None, :]
-    same_token = (offs_r[:, None] // 4) == (offs_r[None, :] // 4)
-    g = tl.sum(tl.reshape(tl.where(same_token, gram, 0.0), [ROWS, BLOCK_T, 4]), axis=1)
-    # g[(t, i), j] = G_ij of token t
-    slot = tl.where(ii == kk, 24 + ii, 28 + ii * (7 - ii) // 2 + kk - ii - 1)
-    keep = (ii == kk) | (GRAM & (ii < kk))
-    ws_rows = ws_ptr + offs_t * stride_wt + split
-    tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
+    store_token_grams(ws_ptr + offs_t * stride_wt + split, stride_wk, gram, mask_r, ROWS, BLOCK_T,
+                      24, 28, GRAM)
 
 
 @triton.jit
