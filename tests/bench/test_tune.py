@@ -342,3 +342,35 @@ def test_a_failed_measurement_names_the_hook_and_the_point(fake_gpu, monkeypatch
     assert ("measuring mhc_pre at hidden_size=7168, num_tokens=1: RecursionError: maximum "
             "recursion depth exceeded") in err
     assert not fake_gpu.exists()
+
+
+@pytest.mark.parametrize("hook", [metadata.PAGE_TABLE, metadata.COMPRESSED, metadata.COMPRESSION])
+def test_every_count_a_bisection_reaches_has_a_shape_to_measure(hook):
+    """Above the largest decode batch only verify batches (4 rows a request) hold the rows, so a
+    bisection's middle there is rounded down to a whole verify batch (609 rows had none)."""
+    g = tune.GRIDS[hook]
+    counts = sorted(g.counts)
+    for a, b in zip(counts, counts[1:]):
+        for mid in range(a + 1, b):
+            count = g.measurable(mid)
+            assert a <= count < b
+            assert tune.metadata_shapes(count, quick=False), (mid, count)
+    assert g.measurable(609) == 608 and g.measurable(512) == 512 and g.measurable(7) == 7
+    assert tune.metadata_shapes(609, quick=False) == []
+    assert tune.GRIDS["mhc_post"].measurable(609) == 609
+
+
+def test_report_shows_what_each_hook_serves_and_every_point(capsys):
+    path = tables.PACKAGED_DIR / "NVIDIA_H200.json"
+    assert cli.main(["tune", "--report", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    entry = data["engines"]["sglang"]["mhc_pre"]
+    share = tune.served_share(entry, ("graph",))["graph"]
+    assert f"| sglang | mhc_pre | hidden_size | graph | {tune._describe(entry['graph'])} | " \
+           f"{share:.0%} |" in out
+    assert "| sglang | build_page_table_positions_triton | page_table_width | eager | " \
+           "engine's always | - |" in out
+    points = sum(len(rows) for e in data["engines"]["sglang"].values()
+                 for keyed in e["points"].values() for rows in keyed.values())
+    assert out.count(" | ours |") + out.count(" | engine |") == points

@@ -80,8 +80,18 @@ class Grid:
     modes: tuple[str, ...] = tables.MODES
     max_count: int | None = None
     note: str | None = None
-    seconds: float = 1.2
-    quick_seconds: float = 0.4
+    seconds: float = 0.5
+    quick_seconds: float = 0.3
+    # counts above ``whole_above`` must be multiples of ``whole_of`` (the metadata builders'
+    # verify shape holds bs * 4 rows; above the largest decode batch only verify reaches them)
+    whole_above: int | None = None
+    whole_of: int = 1
+
+    def measurable(self, count: int) -> int:
+        """``count``, rounded down to a count this hook's shapes can hold."""
+        if self.whole_above is not None and count > self.whole_above:
+            return max(count - count % self.whole_of, self.whole_above)
+        return count
 
     def points(self, quick: bool) -> list[tuple[int, int]]:
         keys, counts = (self.quick_keys, self.quick_counts) if quick else (self.keys,
@@ -98,7 +108,8 @@ def _mhc(hook: str, counts: tuple[int, ...], cap: int | None) -> Grid:
 def _metadata(hook: str) -> Grid:
     return Grid(hook, "metadata", "page_table_width", "query_rows", "nearer_smaller", WIDTHS,
                 (1, 4, 16, 64, 256, 1024, MAX_ROWS), (4096,), (4, 64), modes=("graph",),
-                note=_METADATA_NOTE, seconds=2.4, quick_seconds=0.3)
+                note=_METADATA_NOTE, seconds=0.35, quick_seconds=0.2, whole_above=MAX_BS,
+                whole_of=MAX_ROWS // MAX_BS)
 
 
 GRIDS: dict[str, Grid] = {g.hook: g for g in (
@@ -106,7 +117,7 @@ GRIDS: dict[str, Grid] = {g.hook: g for g in (
     _mhc("mhc_post", (1, 4, 16, 64, 256, 1024, 4096, 16384), None),
     _mhc("mhc_fused_post_pre", (1, 2, 4, 8, 16, 32), 32),
     Grid("target_hc_head", "hc_head", "hidden_size", "num_tokens", "exact", HIDDEN,
-         (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64)),
+         (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64), seconds=0.7),
     _metadata(PAGE_TABLE),
     _metadata(COMPRESSED),
     _metadata(COMPRESSION),
@@ -114,7 +125,10 @@ GRIDS: dict[str, Grid] = {g.hook: g for g in (
          (1, 4, 16, 64, 256, MAX_BS), (4,), (1, 32)),
 )}
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
-COMPILE_SECONDS = {"mhc": 25.0, "hc_head": 4.0, "metadata": 3.0, "expand": 2.0}  # per key
+# per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
+# after 20 s of loading: benchmarks/results/logs/tune_rerun.log)
+COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "metadata": 1.0, "expand": 0.5}
+START_SECONDS = 20.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), default=None,
                         help="print where two tables files' measured points disagree on the "
                              "winner (near-ties within 3%% marked), then exit (no GPU needed)")
+    parser.add_argument("--report", type=Path, metavar="FILE", default=None,
+                        help="print a tables file as markdown (what each hook serves, its share "
+                             "of the measured points, every point), then exit (no GPU needed)")
     parser.add_argument("--plan", action="store_true",
                         help="print what would be measured and the time estimate, then exit "
                              "(no GPU needed)")
@@ -142,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan(hooks: list[str], quick: bool) -> tuple[list[str], float]:
     """One line per hook (keys, counts, modes, points) and the estimated seconds in all."""
-    lines, total = [], 0.0
+    lines, total = [], START_SECONDS
     for hook in hooks:
         g = GRIDS[hook]
         points = g.points(quick)
@@ -236,6 +253,17 @@ def _worst(results: list[dict], modes: tuple[str, ...]) -> dict:
     return {m: max((r[m] for r in results), key=lambda oe: oe[0] / oe[1]) for m in modes}
 
 
+def metadata_shapes(rows: int, quick: bool) -> list[tuple[str, int]]:
+    """The (mode, batch size) shapes whose query rows number ``rows``: verify at ``rows / 4``
+    requests where whole, decode at ``rows`` up to the largest decode batch (quick: one)."""
+    from dsv4spec.bench import metadata
+
+    shapes = [("verify", rows // metadata.DRAFTS)] if rows % metadata.DRAFTS == 0 else []
+    if rows <= MAX_BS and not (quick and shapes):
+        shapes.append(("decode", rows))
+    return shapes
+
+
 class Measure:
     """Loads each peer once; ``point(grid, key, count, quick)`` -> ``{mode: [ours, engine]}``."""
 
@@ -318,9 +346,9 @@ class Measure:
         page_mod, c128_mod, attn_metadata = self._peer("metadata")
         op = {PAGE_TABLE: "page_table", COMPRESSED: "c128", COMPRESSION: "compression"}[g.hook]
         capacity = width * metadata.PAGE_SIZE
-        shapes = [("verify", rows // metadata.DRAFTS)] if rows % metadata.DRAFTS == 0 else []
-        if rows <= MAX_BS and not (quick and shapes):
-            shapes.append(("decode", rows))
+        shapes = metadata_shapes(rows, quick)
+        if not shapes:
+            raise ValueError(f"no decode or verify batch holds {rows} query rows")
         lives = (capacity // 16,) if quick else (capacity // 16, capacity // 2)
         results = []
         for mode, bs in shapes:
@@ -424,6 +452,36 @@ def served_share(entry: dict, modes: tuple[str, ...]) -> dict[str, float]:
     return share
 
 
+def report(data: dict) -> str:
+    """A tables file (with ``points``) as markdown: provenance, then per hook the served ranges
+    and the share of measured points ours won, then every point (ours / engine us, ratio)."""
+    tables.validate(data)
+    m = data["measured"]
+    out = [f"# Measured-faster tables: {data['device'] or data['architecture']}", "",
+           ", ".join(f"{k} {m[k]}" for k in m if k != "command")
+           + f"; command `{m.get('command', '')}`", "",
+           "| engine | hook | key | mode | ours served at | share of points |",
+           "|---|---|---|---|---|---|"]
+    for engine, hooks in data["engines"].items():
+        for hook, entry in hooks.items():
+            modes = [mode for mode in tables.MODES if entry.get("points", {}).get(mode)]
+            share = served_share(entry, tuple(modes))
+            for mode in tables.MODES:
+                served = "engine's always" if mode not in modes else _describe(entry[mode])
+                out.append(f"| {engine} | {hook} | {entry['key']} | {mode} | {served} | "
+                           + (f"{share[mode]:.0%}" if mode in modes else "-") + " |")
+    for engine, hooks in data["engines"].items():
+        for hook, entry in hooks.items():
+            for mode, keyed in entry.get("points", {}).items():
+                out += ["", f"## {engine} {hook}, {mode} ({entry['key']}, {entry['count']})", "",
+                        f"| {entry['key']} | {entry['count']} | ours us | engine us | "
+                        "engine / ours | served |", "|---|---|---|---|---|---|"]
+                for key, rows in keyed.items():
+                    out += [f"| {key} | {c} | {o:.2f} | {e:.2f} | {e / o:.2f} | "
+                            f"{'ours' if o < e else 'engine'} |" for c, o, e in rows]
+    return "\n".join(out) + "\n"
+
+
 def main(args: argparse.Namespace) -> int:
     hooks = list(dict.fromkeys(args.hooks))
     if args.compare:
@@ -431,6 +489,9 @@ def main(args: argparse.Namespace) -> int:
         lines, shared, real = compare(a, b)
         print("\n".join(lines) + ("\n" if lines else "") + f"{shared} points in both files, "
               f"{len(lines)} with another winner, {real} of them beyond a {TIE:.0%} near-tie")
+        return 0
+    if args.report:
+        print(report(json.loads(args.report.read_text())), end="")
         return 0
     lines, seconds = plan(hooks, args.quick)
     if args.plan:
@@ -507,9 +568,10 @@ def main(args: argparse.Namespace) -> int:
                                       f"({'ours' if _won(r, m) else 'SGLang'})" for m in g.modes)
                           + f"  [{elapsed:.0f} s]", flush=True)
                 won = {int(c): tuple(_won(r, m) for m in g.modes) for c, r in by_count.items()}
-                todo = [] if args.quick else [
-                    c for c in bisections(won, depth)
-                    if g.max_count is None or c <= g.max_count]
+                todo = [] if args.quick else list(dict.fromkeys(
+                    g.measurable(c) for c in bisections(won, depth)
+                    if g.max_count is None or c <= g.max_count))
+                todo = [c for c in todo if str(c) not in by_count]
                 total += len(todo)
     data = existing or {"format": tables.FORMAT, "engines": {}}
     data.update(format=tables.FORMAT, device=env["device"],

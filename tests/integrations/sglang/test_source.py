@@ -1,6 +1,7 @@
 """The installed SGLang's source has what the hooks assume (parsed with ``ast``, never imported)."""
 
 import ast
+import importlib.metadata
 import sys
 
 import pytest
@@ -140,3 +141,19 @@ def test_root_from_environment(monkeypatch, tmp_path):
     assert sglang_root() is None
     with pytest.raises(FileNotFoundError):
         sglang_file("kernels/probe.py")
+
+
+def test_a_source_tree_without_metadata_gets_its_version_from_its_version_file(
+        tmp_path, monkeypatch):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    monkeypatch.setenv("DSV4SPEC_SGLANG_ROOT", str(tmp_path))
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert sglang_version() is None  # no metadata, no version file, not installed
+    (tmp_path / "sglang" / "_version.py").write_text(
+        "version: str\n__version__ = version = '0.5.23'\n")
+    assert sglang_version() == "0.5.23"

@@ -10,6 +10,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -85,6 +86,13 @@ def sglang_version() -> str | None:
     if root is not None:
         for dist in importlib.metadata.distributions(name="sglang", path=[str(root)]):
             return dist.version
+        # a source tree without its wheel's metadata: the version file its build generated
+        version_file = root / "sglang" / "_version.py"
+        if version_file.is_file():
+            m = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]",
+                          version_file.read_text(errors="replace"), re.MULTILINE)
+            if m:
+                return m[1]
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
