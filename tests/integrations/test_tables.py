@@ -13,33 +13,72 @@ from dsv4spec.integrations.sglang import hc_head, metadata, mhc
 H200 = "NVIDIA H200"
 SM90, SM100 = (9, 0), (10, 0)
 
-# What the packaged tables must decide, written out independently of the files: the plugin's
-# tables as its code held them before they became data (mhc.py, metadata.py, hc_head.py at
-# dadaf76), with the graph rows of mhc_pre and the boundary at H = 4096 narrowed to the points
-# ours won in benchmarks/results/mhc/mhc_h4096.md; and the mHC hooks' token cap.
-_W = (4096, 7168)
-FORMER = {
-    "mhc_pre": ({4096: ((1, 4),), 7168: ((1, 16),)}, {h: ((1, 64),) for h in _W}, 32),
-    "mhc_post": ({}, {h: ((1, 64),) for h in _W}, None),
-    "mhc_fused_post_pre": ({4096: ((1, 16),), 7168: ((1, 64),)}, {h: ((1, 64),) for h in _W},
-                           32),
-    "target_hc_head": ({h: ((1, 4096),) for h in _W}, {h: ((1, 4096),) for h in _W}, None),
-    "build_page_table_positions_triton": ({4096: ((1, 512),)}, {}, None),
-    "_init_compressed_attn_metadata_triton": ({4096: ((1, 512),)}, {}, None),
-    "expand_extend_with_same_length": ({4: ((1, 128),)}, {4: ((1, 128),)}, None),
-    "init_compression_metadata": ({4096: ((1, 512),)}, {}, None),
-}
-KEYS = (1, 2, 3, 4, 5, 8, 40, 64, 511, 512, 2048, 4095, 4096, 4097, 5120, 7168, 7169, 8192,
-        16384)
-COUNTS = (*range(1, 140), 255, 256, 511, 512, 513, 1024, 4095, 4096, 4097)
+# The packaged tables are the H200's full `dsv4spec tune` run (benchmarks/results/tune/
+# NVIDIA_H200.json). The plugin must decide what that run's measured points say, read here by a
+# lookup written independently of dsv4spec.integrations.tables: at a measured key (the nearer
+# smaller measured key where keys are widths, never beyond the largest), ours is served at a count
+# when the nearest measured count at or below it was won by ours in that mode, the largest
+# measured count covering only itself; counts above a cap and other architectures get SGLang's.
+HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head",
+         "build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
+         "init_compression_metadata", "expand_extend_with_same_length")
+KEYS = (1, 2, 3, 4, 5, 8, 9, 40, 64, 65, 127, 128, 511, 512, 2048, 4095, 4096, 4097, 5120,
+        7168, 7169, 8192, 8193, 16384)
+_PACKAGED_POINTS = {hook: entry for hook, entry in json.loads(
+    (tables.PACKAGED_DIR / "NVIDIA_H200.json").read_text())["engines"]["sglang"].items()}
+_MEASURED = {c for e in _PACKAGED_POINTS.values() for keyed in e["points"].values()
+             for rows in keyed.values() for c, *_ in rows}
+COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0, 1) if c + d)}))
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
 
 
-def former_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
-    graph, eager, cap = FORMER[hook]
-    if architecture != SM90 or (cap is not None and count > cap):
+def measured_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
+    entry = _PACKAGED_POINTS[hook]
+    if architecture != SM90 or (entry["max_count"] is not None and count > entry["max_count"]):
         return False
-    return any(lo <= count <= hi for lo, hi in (graph if in_graph else eager).get(key, ()))
+    keyed = {int(k): rows for k, rows in entry["points"].get("graph" if in_graph else "eager",
+                                                             {}).items()}
+    if entry["between_keys"] == "exact":
+        at = key if key in keyed else None
+    else:
+        at = max((k for k in keyed if k <= key), default=None) if keyed and key <= max(
+            keyed) else None
+    if at is None:
+        return False
+    rows = sorted(keyed[at])
+    below = [row for row in rows if row[0] <= count]
+    if not below:
+        return False
+    measured, ours_us, engine_us = below[-1]
+    if measured == rows[-1][0] and count > measured:
+        return False
+    return ours_us < engine_us
+
+
+def test_the_packaged_decisions_at_points_read_off_the_h200_run(fresh):
+    """A few decisions written out from benchmarks/results/tune/NVIDIA_H200.md, so a packaged
+    file that no longer says what the H200 measured fails even where it is self-consistent."""
+    fresh(H200)
+    pt = metadata.PAGE_TABLE
+    assert not any(plugin_decides(pt, 64, r, True, SM90) for r in (1, 16, 512, 2048))
+    assert all(plugin_decides(pt, w, r, True, SM90) for w in (4096, 5000, 8192)
+               for r in (1, 4, 512, 2048))
+    assert not plugin_decides(pt, 4096, 2049, True, SM90)  # beyond the largest measured count
+    assert not plugin_decides(pt, 16384, 1, True, SM90)  # beyond the largest measured width
+    assert not any(plugin_decides(pt, 4096, r, False, SM90) for r in (1, 64))  # eager: SGLang's
+    assert plugin_decides("mhc_post", 7168, 1, True, SM90)
+    assert not plugin_decides("mhc_post", 7168, 16, True, SM90)  # SGLang's 1.33 us beat ours
+    assert plugin_decides("mhc_post", 7168, 4096, True, SM90)
+    assert plugin_decides("mhc_pre", 4096, 11, True, SM90)
+    assert not plugin_decides("mhc_pre", 4096, 12, True, SM90)
+    assert not any(plugin_decides(h, 7168, 33, g, SM90) for h in ("mhc_pre", "mhc_fused_post_pre")
+                   for g in (True, False))  # the DeepGEMM cap
+    assert plugin_decides("target_hc_head", 7168, 16384, True, SM90)
+    assert not plugin_decides("target_hc_head", 7168, 16385, True, SM90)
+    assert not plugin_decides("target_hc_head", 5120, 1, True, SM90)  # widths are exact here
+    ex = metadata.EXPAND
+    assert plugin_decides(ex, 4, 512, True, SM90) and not plugin_decides(ex, 4, 513, True, SM90)
+    assert not plugin_decides(ex, 9, 1, True, SM90)
 
 
 def plugin_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
@@ -94,7 +133,7 @@ def one_hook_file(hook: str, **fields) -> dict:
 def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables():
     h200 = tables.read_file(tables.PACKAGED_DIR / "NVIDIA_H200.json")
     sm90 = tables.read_file(tables.PACKAGED_DIR / "sm_90.json")
-    assert set(h200["sglang"]) == set(FORMER)
+    assert set(h200["sglang"]) == set(HOOKS)
     assert h200 == sm90
     for name in ("NVIDIA_H200.json", "sm_90.json"):
         text = (tables.PACKAGED_DIR / name).read_text()
@@ -103,23 +142,23 @@ def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables():
 
 @pytest.mark.parametrize("device", [None, H200, "NVIDIA H100 80GB HBM3"],
                          ids=["interpreter (sm_90 file)", "H200 (its file)", "H100 (sm_90 file)"])
-def test_decisions_equal_the_former_constants(fresh, device):
+def test_decisions_follow_the_measured_points(fresh, device):
     fresh(device)
     differ = []
-    for hook in FORMER:
+    for hook in HOOKS:
         for architecture in (SM90, SM100, (8, 0), None):
             for in_graph in (True, False):
                 for key in KEYS:
                     for count in COUNTS:
                         if (plugin_decides(hook, key, count, in_graph, architecture)
-                                != former_decides(hook, key, count, in_graph, architecture)):
+                                != measured_decides(hook, key, count, in_graph, architecture)):
                             differ.append((hook, architecture, in_graph, key, count))
     assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
     expected = tables.PACKAGED_DIR / ("NVIDIA_H200.json" if device == H200 else "sm_90.json")
     assert all(t.sources[SM90] == expected for t in PLUGIN_TABLES)
     # the grid covers both answers of every hook (a grid where nothing is served proves nothing)
-    for hook in FORMER:
-        answers = {former_decides(hook, k, c, g, SM90) for k in KEYS for c in COUNTS
+    for hook in HOOKS:
+        answers = {measured_decides(hook, k, c, g, SM90) for k in KEYS for c in COUNTS
                    for g in (True, False)}
         assert answers == {True, False}, hook
 
@@ -147,7 +186,7 @@ def test_a_malformed_user_file_means_the_engines_path_with_one_warning(fresh, ca
     path = write_user(H200, content)
     with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
         for _ in range(2):
-            for hook in FORMER:
+            for hook in HOOKS:
                 assert not any(plugin_decides(hook, k, c, g, SM90)
                                for k in (4, 4096, 7168) for c in (1, 4, 16) for g in (True, False))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -158,7 +197,7 @@ def test_a_malformed_user_file_means_the_engines_path_with_one_warning(fresh, ca
 def test_no_file_for_the_gpu_means_the_engines_path_with_one_warning(fresh, caplog):
     fresh("NVIDIA B200", SM100)
     with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
-        for hook in FORMER:
+        for hook in HOOKS:
             for key in (4, 4096, 7168):
                 assert not plugin_decides(hook, key, 1, True, SM100)
                 assert not plugin_decides(hook, key, 1, False, SM100)
@@ -170,10 +209,10 @@ def test_no_file_for_the_gpu_means_the_engines_path_with_one_warning(fresh, capl
 def test_another_devices_user_file_is_not_read(fresh):
     write_user("NVIDIA H100 80GB HBM3", one_hook_file("mhc_post", graph={"4096": [[1, 64]]}))
     fresh(H200)
-    assert not plugin_decides("mhc_post", 4096, 1, True, SM90)
+    assert not plugin_decides("mhc_post", 4096, 16, True, SM90)
     assert mhc.SGLANG_MHC_POST_FASTER.sources[SM90] == tables.PACKAGED_DIR / "NVIDIA_H200.json"
     fresh("NVIDIA H100 80GB HBM3")
-    assert plugin_decides("mhc_post", 4096, 1, True, SM90)
+    assert plugin_decides("mhc_post", 4096, 16, True, SM90)
     assert plugin_decides("mhc_post", 4096, 64, True, SM90)
     assert not plugin_decides("mhc_post", 4096, 65, True, SM90)
 
@@ -227,13 +266,13 @@ def test_a_hand_set_entry_wins_and_reload_reads_again(fresh, monkeypatch):
     fresh(None)
     table = mhc.SGLANG_MHC_POST_FASTER
     assert SM90 in table and SM100 not in table and None not in table
-    monkeypatch.setitem(table[SM90]["graph"], 4096, ((1, 2),))
-    assert plugin_decides("mhc_post", 4096, 2, True, SM90)
+    monkeypatch.setitem(table[SM90]["graph"], 4096, ((1, 16),))
+    assert plugin_decides("mhc_post", 4096, 16, True, SM90)
     monkeypatch.setitem(table, SM100, {"graph": {4096: ((1, 4),)}, "eager": {}})
     assert plugin_decides("mhc_post", 4096, 4, True, SM100)
     monkeypatch.undo()
     table.reload()
-    assert not plugin_decides("mhc_post", 4096, 2, True, SM90)
+    assert not plugin_decides("mhc_post", 4096, 16, True, SM90)
     assert not plugin_decides("mhc_post", 4096, 4, True, SM100)
 
 

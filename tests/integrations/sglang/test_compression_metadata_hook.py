@@ -91,13 +91,14 @@ def test_hooks_install_on_the_class(meta):
 
 
 def test_shipped_table_follows_the_h200_results():
-    """benchmarks/results/metadata/metadata_compression.md: in a graph ours won at 1-512 rows at
-    width
-    4096; eager stays SGLang's (prefill and extend builds are eager)."""
-    for rows in (1, 4, 128, 512):
-        assert hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, 4096, True, (9, 0)), rows
-        assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, 4096, False, (9, 0)), rows
-    for rows, width in ((0, 4096), (513, 4096), (4, 2048), (4, 8192)):
+    """benchmarks/results/tune/NVIDIA_H200.md: in a graph ours won at every width measured, 64 to
+    8,192 pages, and every row count, 1 to 2,048; eager stays SGLang's (prefill and extend builds
+    are eager)."""
+    for width in (64, 100, 4096, 8192):
+        for rows in (1, 4, 128, 512, 2048):
+            assert hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, width, True, (9, 0)), rows
+            assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, width, False, (9, 0))
+    for rows, width in ((0, 4096), (2049, 4096), (4, 63), (4, 8193)):
         assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, rows, width, True, (9, 0))
     for architecture in ((8, 0), (10, 0), None):
         assert not hooks.prefers_dsv4spec(hooks.COMPRESSION, 4, 4096, True, architecture)

@@ -440,20 +440,23 @@ def test_prefers_dsv4spec_follows_table_cap_and_mode(monkeypatch):
 
 
 def test_shipped_tables_follow_the_h200_results():
-    # benchmarks/results/mhc/mhc.md and mhc_h4096.md (2026-12-01): in a graph ours won pre at
-    # T = 1-16 (H = 7168; 1-4 at H = 4096, where it lost at 16) and the boundary (up to the cap;
-    # H = 4096 measured to 16), lost post; eager it won all three up to 64. Nothing beyond the
-    # 32-token cap of the two that DeepGEMM serves above it, nor on other architectures or widths.
+    # benchmarks/results/tune/NVIDIA_H200.md (2026-12-01): in a graph ours won pre at T = 1-16
+    # (H = 7168; 1-11 at H = 4096) and the boundary at every T up to the cap; post at T = 1-2 and
+    # from 235 tokens (H = 7168; 1 and from 250 at H = 4096), SGLang's between; eager ours won all
+    # three everywhere. Nothing beyond the 32-token cap of the two that DeepGEMM serves above it,
+    # nor on other architectures or widths.
     def ours(op, T, H=7168, graph=True, arch=SM90):
         return hooks.prefers_dsv4spec(op, T, H, graph, arch)
 
     assert ours("mhc_pre", 16) and not ours("mhc_pre", 17)
-    assert ours("mhc_pre", 4, 4096) and not ours("mhc_pre", 5, 4096)
-    assert ours("mhc_fused_post_pre", 32) and not ours("mhc_fused_post_pre", 33)
-    assert ours("mhc_fused_post_pre", 16, 4096) and not ours("mhc_fused_post_pre", 17, 4096)
+    assert ours("mhc_pre", 11, 4096) and not ours("mhc_pre", 12, 4096)
+    assert ours("mhc_post", 2) and not ours("mhc_post", 3) and not ours("mhc_post", 234)
+    assert ours("mhc_post", 235) and ours("mhc_post", 16384) and not ours("mhc_post", 16385)
+    assert ours("mhc_post", 1, 4096) and not ours("mhc_post", 2, 4096)
     for H in (4096, 7168):
+        assert ours("mhc_fused_post_pre", 32, H) and not ours("mhc_fused_post_pre", 33, H)
         assert ours("mhc_pre", 1, H)
-        assert not ours("mhc_post", 1, H) and ours("mhc_post", 64, H, graph=False)
+        assert ours("mhc_post", 64, H, graph=False) and not ours("mhc_post", 64, H)
         assert ours("mhc_pre", 32, H, graph=False) and not ours("mhc_pre", 33, H, graph=False)
     assert not ours("mhc_pre", 1, 5120) and not ours("mhc_pre", 1, arch=(10, 0))
 
@@ -606,11 +609,11 @@ def test_eager_only_shape_warms_sglang_once_before_a_capture(sgl, monkeypatch, m
 
 def test_shapes_the_tables_split_between_modes_are_warmed(monkeypatch):
     """Every (op, T, H) the shipped tables give to ours eagerly and to SGLang's in a graph is one
-    the hook warms; the shipped mhc_post (T <= 64) and mhc_pre (17-32) are such shapes."""
+    the hook warms; the shipped mhc_post (3-234 tokens) and mhc_pre (17-32) are such shapes."""
     split = {(op, T, H) for op in hooks.TABLES for H in (4096, 7168) for T in range(1, 129)
              if hooks.prefers_dsv4spec(op, T, H, False) and not hooks.prefers_dsv4spec(
                  op, T, H, True)}
-    assert ("mhc_post", 1, 7168) in split  # SGLang's load-time prewarm shape
+    assert {("mhc_post", 4, 7168), ("mhc_post", 128, 4096), ("mhc_pre", 17, 7168)} <= split
     warms = []
     for op, T, H in sorted(split):
         monkeypatch.setattr(hooks, "_warm_pending", None)
