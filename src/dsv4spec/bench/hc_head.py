@@ -9,18 +9,27 @@ and timed inside it, so the graph records the Inductor kernels. Bytes moved coun
 traffic: x read once, the parameters read once, y written once. ``eager_us`` is the host wall
 time per call of back-to-back eager calls (one synchronize at the end), outside ``capture_mode()``.
 With ``--peer sglang``, SGLang 0.5.23's own ``fused_hc_head`` (its file, loaded by path) is timed
-the same way.
+the same way. With ``--peer vllm``, vLLM 0.33.0's own ``hc_head_fused_kernel_tilelang`` (its
+``tilelang.py`` and TileLang kernels, loaded by path from vLLM's source: see
+``dsv4spec.bench.vllm_kernels``) is timed alone ("vllm") and followed by the shared-head RMSNorm
+as a separate call ("vllm+norm", the unfused pair vLLM's model runs; the norm here is the bench's
+torch RMSNorm, not vLLM's own Triton one). Each peer loads only where its source (and, for vLLM,
+TileLang and a CUDA device) is found; otherwise the bench runs without it and says so in one line.
+vLLM's outputs are checked against the float64 reference; ``vllm_over_triton`` is vLLM's time
+over ours (its "+norm" row over ``triton+norm``), > 1 where ours is faster.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 
-from dsv4spec.bench import common
+from dsv4spec.bench import common, vllm_kernels
 from dsv4spec.capture import capture_mode
+from dsv4spec.model.model import rms_norm
 from dsv4spec.ops.hc_head import (
     hc_head,
     hc_head_reference,
@@ -41,12 +50,21 @@ PROVIDERS = {
     "eager+norm": ("eager", True),
     "triton+norm": ("triton", True),
 }
-# "sglang": SGLang 0.5.23's fused_hc_head (its own file, loaded by path), with --peer sglang.
-PEER_PROVIDERS = {"sglang": ("sglang", False)}
+# provider -> (peer, with the shared-head RMSNorm); a peer's providers run with --peer <peer>.
+# "sglang": SGLang 0.5.23's fused_hc_head (its own file, loaded by path); "vllm": vLLM 0.33.0's
+# hc_head_fused_kernel_tilelang, "vllm+norm": it, then the RMSNorm as a separate call.
+PEER_PROVIDERS = {"sglang": ("sglang", False), "vllm": ("vllm", False),
+                  "vllm+norm": ("vllm", True)}
+PEERS = ("sglang", "vllm")
+# Each peer's columns: its time over ours, in a graph and eager.
+PEER_COLUMNS = {
+    "sglang": ["sglang_over_triton", "sglang_over_triton_eager"],
+    "vllm": ["vllm_over_triton", "vllm_over_triton_eager"],
+}
 COLUMNS = [
     "H", "T", "provider", "median_us", "p20_us", "p80_us", "eager_us", "kernels", "bytes",
     "GB/s", "pct_copy_bw", "speedup_vs_eager", "triton_over_compiled", "norm_overhead_us",
-    "sglang_over_triton", "sglang_over_triton_eager",
+    *(column for columns in PEER_COLUMNS.values() for column in columns),
 ]
 
 
@@ -55,9 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS),
                         choices=list(PROVIDERS), help="our providers to run (default: all)")
-    parser.add_argument("--peer", choices=["sglang"], nargs="*", default=[],
+    parser.add_argument("--peer", choices=list(PEERS), nargs="*", default=[],
                         help="also time SGLang's fused_hc_head (loaded from its installed source "
-                             "or DSV4SPEC_SGLANG_ROOT)")
+                             "or DSV4SPEC_SGLANG_ROOT) and/or vLLM's hc_head TileLang kernel "
+                             f"(from vLLM's source: {vllm_kernels.SRC_ENV}, .vllm-src/ or an "
+                             "installed vllm; TileLang and a CUDA device needed)")
 
 
 def bytes_moved(T: int, H: int, elt: int, rmsnorm: bool = False, hc: int = HC) -> int:
@@ -76,13 +96,62 @@ def make_inputs(T: int, H: int, dtype=torch.bfloat16, device="cuda", seed=0):
     return x, hc_fn, hc_scale, hc_base, norm_weight
 
 
-def setup(provider: str, inputs, peer=None):
-    """The callable that runs ``provider`` once on ``inputs``, and the reference output."""
+def vllm_peer() -> object | None:
+    """vLLM's mHC kernels (``hc_head`` among them), or None with a one-line message where they
+    cannot run here (no CUDA device, no vLLM source, no TileLang)."""
+    if not torch.cuda.is_available():
+        print("vllm peer: skipped, no CUDA device (vLLM's hc_head is a TileLang CUDA kernel)")
+        return None
+    return vllm_kernels.vllm_mhc_peer()
+
+
+def load_peers(names: Sequence[str]) -> dict[str, object]:
+    """The peers named in ``names`` that load here, by name; each one that does not is left out
+    (its loader prints why, in one line)."""
+    loaders = {"sglang": lambda: common.sglang_peer("kernels/ops/layernorm/mhc_head.py"),
+               "vllm": vllm_peer}
+    peers = {name: loaders[name]() for name in PEERS if name in names}
+    return {name: peer for name, peer in peers.items() if peer is not None}
+
+
+def peer_providers(peers: Sequence[str]) -> list[str]:
+    """The providers of the loaded ``peers``, in :data:`PEER_PROVIDERS` order."""
+    return [provider for provider, (peer, _) in PEER_PROVIDERS.items() if peer in peers]
+
+
+def peer_of(provider: str, peers: dict[str, object]) -> object | None:
+    """The loaded peer ``provider`` calls, or None for our providers."""
+    return peers.get(PEER_PROVIDERS[provider][0]) if provider in PEER_PROVIDERS else None
+
+
+def float64_reference(inputs, rmsnorm: bool) -> torch.Tensor:
+    """hc_head (then the RMSNorm where ``rmsnorm``) of ``inputs`` in float64, unrounded."""
+    x, hc_fn, hc_scale, hc_base, nw = (t.double() for t in inputs)
+    if rmsnorm:
+        return hc_head_rmsnorm_reference(x, hc_fn, hc_scale, hc_base, nw, **EPS)
+    return hc_head_reference(x, hc_fn, hc_scale, hc_base, **EPS)
+
+
+def setup(provider: str, inputs, peer=None) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """The callable that runs ``provider`` once on ``inputs``, and the reference output.
+
+    ``peer`` is the loaded peer a peer provider calls: SGLang's ``mhc_head.py`` module for
+    "sglang", vLLM's kernels (:func:`vllm_peer`) for "vllm" and "vllm+norm".
+    """
     impl, rmsnorm = {**PROVIDERS, **PEER_PROVIDERS}[provider]
     x, hc_fn, hc_scale, hc_base, nw = inputs
     if impl == "sglang":
         ref = hc_head_reference(x, hc_fn, hc_scale, hc_base, **EPS)
         return lambda: peer.fused_hc_head(x, hc_fn, hc_scale, hc_base, **EPS), ref
+    if impl == "vllm":
+        # vLLM's call (nvidia/model.py, nvidia/mtp.py): rms_eps then hc_eps, positionally
+        eps = (EPS["norm_eps"], EPS["hc_eps"])
+        if rmsnorm:  # vLLM's model norms hc_head's bf16 output in a separate kernel
+            return (lambda: rms_norm(peer.hc_head(x, hc_fn, hc_scale, hc_base, *eps), nw,
+                                     EPS["norm_eps"]),
+                    float64_reference(inputs, rmsnorm=True))
+        return (lambda: peer.hc_head(x, hc_fn, hc_scale, hc_base, *eps),
+                float64_reference(inputs, rmsnorm=False))
     if rmsnorm:
         ref = hc_head_rmsnorm_reference(x, hc_fn, hc_scale, hc_base, nw, **EPS)
         return lambda: hc_head_rmsnorm(x, hc_fn, hc_scale, hc_base, nw, **EPS, impl=impl), ref
@@ -91,6 +160,7 @@ def setup(provider: str, inputs, peer=None):
 
 
 def refcheck(provider: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Raise ``RuntimeError`` unless ``out`` is within bf16 rounding of ``ref``."""
     # bf16: one ulp (two with the norm, which carries y's rounding into its own); the ulp of v
     # is at most 2**-7 * |v|, plus fp32 summation noise near zero.
     ulps = 2 if {**PROVIDERS, **PEER_PROVIDERS}[provider][1] else 1
@@ -121,7 +191,23 @@ def derive(rows: list[dict], copy_bw: float) -> list[dict]:
         if r["provider"] == "sglang" and fused is not None:
             r["sglang_over_triton"] = r["median_us"] / fused["median_us"]
             r["sglang_over_triton_eager"] = r["eager_us"] / fused["eager_us"]
+        # vLLM's rows over ours doing the same work: "vllm" over "triton", "vllm+norm" over
+        # "triton+norm"
+        ours = (by.get((*key, r["provider"].replace("vllm", "triton", 1)))
+                if r["provider"] in ("vllm", "vllm+norm") else None)
+        if ours is not None:
+            r["vllm_over_triton"] = r["median_us"] / ours["median_us"]
+            if r.get("eager_us") is not None and ours.get("eager_us") is not None:
+                r["vllm_over_triton_eager"] = r["eager_us"] / ours["eager_us"]
     return rows
+
+
+def table_columns(rows: list[dict]) -> list[str]:
+    """:data:`COLUMNS` less the columns of peers with no row in ``rows``."""
+    present = {PEER_PROVIDERS[r["provider"]][0] for r in rows if r["provider"] in PEER_PROVIDERS}
+    absent = {column for peer, columns in PEER_COLUMNS.items() if peer not in present
+              for column in columns}
+    return [column for column in COLUMNS if column not in absent]
 
 
 def check_targets(rows: list[dict], H: int = 7168) -> dict[str, bool]:
@@ -188,10 +274,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
           f"{floor['empty_kernel_eager_us']:.2f} µs eager; copy {copy_bw / 1e12:.2f} TB/s",
           flush=True)
-    peer = None
-    if "sglang" in args.peer:
-        peer = common.sglang_peer("kernels/ops/layernorm/mhc_head.py")
-    providers = [*args.providers, *(["sglang"] if peer is not None else [])]
+    peers = load_peers(args.peer)
+    if "vllm" in peers:
+        env["vllm"] = str(peers["vllm"].version)
+    providers = [*args.providers, *peer_providers(peers)]
     rows = []
     for H in args.widths:
         for T in tokens:
@@ -199,7 +285,7 @@ def main(args: argparse.Namespace) -> int:
             elt = inputs[0].element_size()
             fns = {}
             for provider in providers:
-                fn, ref = setup(provider, inputs, peer)
+                fn, ref = setup(provider, inputs, peer_of(provider, peers))
                 with capture_mode():  # only "compiled" cares: compile in the warm-up, then capture
                     for _ in range(2):
                         out = fn()
@@ -223,7 +309,8 @@ def main(args: argparse.Namespace) -> int:
     # Kernel counts last: once the profiler (CUPTI) has run in a process, later eager launches
     # can pay for its callbacks, so no eager timing follows it.
     for r in rows:
-        fn, _ = setup(r["provider"], make_inputs(r["T"], r["H"], seed=r["T"]), peer)
+        fn, _ = setup(r["provider"], make_inputs(r["T"], r["H"], seed=r["T"]),
+                      peer_of(r["provider"], peers))
         with capture_mode():
             r["kernels"] = common.count_kernels(fn)
     derive(rows, copy_bw)
@@ -232,7 +319,8 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(v, float) and not math.isfinite(v):
                 r[k] = None
     targets = check_targets(rows)
-    common.print_table(rows, COLUMNS)
+    columns = table_columns(rows)
+    common.print_table(rows, columns)
     for name, ok in targets.items():
         print(f"target {'met' if ok else 'MISSED'}: {name}")
     payload = {"environment": env, "launch_floor": floor, "copy_bandwidth_Bps": copy_bw,
@@ -241,7 +329,7 @@ def main(args: argparse.Namespace) -> int:
              f"graph, {floor['empty_kernel_eager_us']:.2f} µs eager. Copy bandwidth "
              f"{copy_bw / 1e12:.2f} TB/s. "
              + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " "))
-    paths = common.write_results(args.out, "hc_head", payload, rows, COLUMNS, notes=notes)
+    paths = common.write_results(args.out, "hc_head", payload, rows, columns, notes=notes)
     png = paths[0].with_suffix(".png")
     if plot(rows, png):
         paths.append(png)
