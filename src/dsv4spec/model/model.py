@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -276,6 +276,34 @@ class FFN(nn.Module):
         return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
 
 
+class MhcImplementation(Protocol):
+    """The three mHC boundary ops a layer calls, in ``dsv4spec.ops``' signatures and return
+    orders: ``pre`` as ``mhc_pre`` ``(post [T, hc], comb, layer_input)``, ``post_pre`` as
+    ``mhc_post_pre`` ``(residual', post', comb', layer_input)``, ``post`` as ``mhc_post``."""
+
+    def pre(self, residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor,
+            hc_base: torch.Tensor, *, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+            norm_weight: torch.Tensor | None = None, norm_eps: float | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def post_pre(self, f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
+                 comb: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor,
+                 hc_base: torch.Tensor, *, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+                 norm_weight: torch.Tensor | None = None, norm_eps: float | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def post(self, f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
+             comb: torch.Tensor) -> torch.Tensor: ...
+
+
+class FusedMhcOps:
+    """Our fused ops (``dsv4spec.ops``): the layers' mHC implementation by default on CUDA."""
+
+    pre = staticmethod(mhc_pre)
+    post_pre = staticmethod(mhc_post_pre)
+    post = staticmethod(mhc_post)
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int) -> None:
         super().__init__()
@@ -300,6 +328,9 @@ class Layer(nn.Module):
     # its norm, post of the FFN: 5 launches); elsewhere (CPU, float64 tests) through hc_pre /
     # hc_post, compiled per shape in capture mode. Benchmarks set it to False to compare.
     mhc_ops: bool = True
+    # Another implementation of the boundary ops (a benchmark's peer kernels), set on a layer or
+    # on the class; when set it is used on any device, so CPU tests can check an adapter.
+    mhc_implementation: MhcImplementation | None = None
 
     def _use_mhc_ops(self, x: torch.Tensor) -> bool:
         return (self.mhc_ops and x.is_cuda and x.shape[1] == 4 and x.is_contiguous()
@@ -309,16 +340,19 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor, batch: Batch, state: ModelState, layer: int
                 ) -> torch.Tensor:
         cfg = self.cfg
-        if self._use_mhc_ops(x):
+        ops = self.mhc_implementation
+        if ops is None and self._use_mhc_ops(x):
+            ops = FusedMhcOps
+        if ops is not None:
             kw = dict(rms_eps=float(cfg.rms_norm_eps), hc_eps=float(cfg.hc_eps),
                       sinkhorn_iters=cfg.hc_sinkhorn_iters)
-            post, comb, y = mhc_pre(x, *self._hc("attn"), norm_weight=self.attn_norm.weight,
+            post, comb, y = ops.pre(x, *self._hc("attn"), norm_weight=self.attn_norm.weight,
                                     norm_eps=float(self.attn_norm.eps), **kw)
             f = self.attn(y, batch, state, layer)
-            x, post, comb, y = mhc_post_pre(f, x, post, comb, *self._hc("ffn"),
+            x, post, comb, y = ops.post_pre(f, x, post, comb, *self._hc("ffn"),
                                             norm_weight=self.ffn_norm.weight,
                                             norm_eps=float(self.ffn_norm.eps), **kw)
-            return mhc_post(self.ffn(y), x, post, comb)
+            return ops.post(self.ffn(y), x, post, comb)
         kw = dict(norm_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
                   sinkhorn_iters=cfg.hc_sinkhorn_iters)
         y, post, comb = hc_pre_captured(x, *self._hc("attn"), **kw)
