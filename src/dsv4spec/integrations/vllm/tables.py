@@ -6,13 +6,14 @@ back-to-back eager call) and hidden size, inclusive token ranges whose measured 
 A width, architecture or token count absent here keeps vLLM's kernel.
 
 Sources (H200, TileLang 0.1.12 as vLLM pins it, vLLM's kernels loaded by path with DeepGEMM
-off): the mHC rows from ``benchmarks/results/mhc/mhc.md`` and ``mhc_h4096.md`` (2026-12-01, the
-second-generation kernels beside vLLM's: ours faster at every measured T, 1-4096 at H = 7168 and
-1-256 at H = 4096, in a graph and eager; e.g. the boundary 6.37 vs 8.46 us at T = 1, 625 vs 1045
-at 4096); hc_head at H = 7168 from an earlier held-out run (graph us vLLM / ours 8.08 / 3.78 at
-T = 1 to 8.83 / 6.40 at 64) and at H = 4096 from ``bench vllm --quick`` through the hook
-(``benchmarks/results/logs/bench_vllm_quick_partial.log``: 5.13 / 3.74 at T = 1, 5.57 / 6.15 at
-64, so in a graph only to T = 4; eager 1.5x at T = 1-64).
+off): ``benchmarks/results/plugin/vllm_plugin.md`` (``dsv4spec bench vllm``, 2026-12-01 22:21,
+each hooked call beside vLLM's own at T = 1, 2, 4, 8, 16, 32, 64, 256 and H = 4096 / 7168). The
+mHC hooks won at every measured point, in a graph and eager (the boundary 6.40 vs 8.42 us at
+T = 1, H = 7168; ``mhc_pre`` at H = 4096, T = 16 by 0.4 %, the narrowest), and
+``benchmarks/results/mhc/mhc.md`` adds T = 4096 at H = 7168 (boundary 625 vs 1045 us). hc_head
+won everywhere eagerly and in a graph at H = 7168 (3.85 vs 7.99 us at T = 1, 13.4 vs 14.0 at
+256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us), so the
+graph span there stops at 32 and holds 256 alone.
 The graph and eager spans may differ: a shape the eager span gives to ours and the graph span to
 vLLM finds vLLM's kernel compiled before any capture, since vLLM compiles its TileLang kernels at
 warm-up (``kernel_config.enable_jit_warmup``, on by default) and in its eager dummy runs.
@@ -23,8 +24,8 @@ from __future__ import annotations
 from dsv4spec.integrations.hooks import FasterTable
 
 TABLES: dict[str, FasterTable] = {
-    "hc_head": {(9, 0): {"graph": {4096: ((1, 4),), 7168: ((1, 64),)},
-                         "eager": {4096: ((1, 64),), 7168: ((1, 64),)}}},
+    "hc_head": {(9, 0): {"graph": {4096: ((1, 32), (256, 256)), 7168: ((1, 256),)},
+                         "eager": {4096: ((1, 256),), 7168: ((1, 256),)}}},
     "mhc_pre": {(9, 0): {"graph": {4096: ((1, 256),), 7168: ((1, 4096),)},
                          "eager": {4096: ((1, 256),), 7168: ((1, 4096),)}}},
     "mhc_post": {(9, 0): {"graph": {4096: ((1, 256),), 7168: ((1, 4096),)},
