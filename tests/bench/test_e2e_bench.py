@@ -3,18 +3,18 @@ schedule) and the adapter that puts SGLang's mHC kernels into the layers of "sgl
 with a stand-in module computed by our float64 references."""
 
 import inspect
-import sys
 
 import pytest
 import torch
 
-from dsv4spec.bench import e2e, sglang_mhc
+from dsv4spec.bench import e2e
 from dsv4spec.bench.e2e import SCHEDULE, W, forced_drafts
 from dsv4spec.engine import Request
-from dsv4spec.integrations.sglang.source import sglang_root
 from dsv4spec.model import preset
 from dsv4spec.model.model import Layer, Transformer, init_weights
 from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_reference
+
+from ..model.runs import forward_and_draft
 
 
 def test_forced_drafts_follow_the_reference_with_scheduled_mismatches():
@@ -94,28 +94,10 @@ class FakeSGLangMhc:
                                 norm_weight, norm_eps))
 
 
-@pytest.fixture
-def sglang_module():
-    """SGLang's own mhc.py over the stand-ins (its TileLang stays unloaded); sys.modules
-    restored afterwards."""
-    if sglang_root() is None:
-        pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
-    before = set(sys.modules)
-    saved = {n: sys.modules.pop(n) for n in list(sys.modules)
-             if n == "sglang" or n.startswith("sglang.")}
-    try:
-        yield sglang_mhc.load_sglang_mhc()
-    finally:
-        for name in set(sys.modules) - before:
-            if name == "sglang" or name.startswith(("sglang.", "_dsv4spec_sglang_")):
-                del sys.modules[name]
-        sys.modules.update(saved)
-
-
-def test_the_stand_in_has_sglangs_own_signatures(sglang_module):
+def test_the_stand_in_has_sglangs_own_signatures(sgl_mhc):
     # the adapter tests below hold only while the stand-in takes SGLang's parameters
     for name in ("mhc_pre", "mhc_post", "mhc_fused_post_pre"):
-        real = inspect.signature(getattr(sglang_module, name)).parameters.values()
+        real = inspect.signature(getattr(sgl_mhc, name)).parameters.values()
         fake = inspect.signature(getattr(FakeSGLangMhc(), name)).parameters.values()
         assert [(p.name, p.kind, p.default) for p in fake] == [
             (p.name, p.kind, p.default) for p in real], name
@@ -217,14 +199,7 @@ def bf16_model():
 
 
 def run_model(model):
-    g = torch.Generator().manual_seed(5)
-    bs, n = 2, 7
-    toks = torch.randint(0, model.cfg.vocab_size, (bs, n), generator=g)
-    state = model.new_state(num_slots=bs, max_seq_len=32)
-    slots, starts, lengths = torch.arange(bs), torch.zeros(bs, dtype=torch.long), torch.full(
-        (bs,), n)
-    logits, hidden = model(toks, state, slots, starts, lengths)
-    draft_logits, _ = model.draft(toks, hidden, state, slots, starts, lengths)
+    logits, draft_logits = forward_and_draft(model, seed=5, n=7)
     return logits.double(), draft_logits.double()
 
 

@@ -11,27 +11,7 @@ from dsv4spec.bench import mhc as bench
 from dsv4spec.bench import sglang_mhc
 from dsv4spec.integrations.sglang.source import sglang_root
 
-
-def _ours_to_drop(name: str) -> bool:
-    """The stand-ins and SGLang's loaded files (not torch's lazily imported modules)."""
-    return name == "sglang" or name.startswith(("sglang.", "_dsv4spec_sglang_"))
-
-
-@pytest.fixture
-def sgl_mhc():
-    """SGLang's mhc.py over the stand-ins; sys.modules restored afterwards."""
-    if sglang_root() is None:
-        pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
-    before = set(sys.modules)
-    saved = {n: sys.modules.pop(n) for n in list(sys.modules)
-             if n == "sglang" or n.startswith("sglang.")}
-    try:
-        yield sglang_mhc.load_sglang_mhc()
-    finally:
-        for name in set(sys.modules) - before:
-            if _ours_to_drop(name):
-                del sys.modules[name]
-        sys.modules.update(saved)
+from .conftest import ours_to_drop
 
 
 def test_loader_finds_the_functions_with_their_signatures(sgl_mhc):
@@ -89,7 +69,7 @@ def test_install_stubs_keeps_existing_modules():
         assert "sglang.srt.runtime_context" in added and "sglang.srt.environ" in added
     finally:
         for name in set(sys.modules) - before:
-            if _ours_to_drop(name):
+            if ours_to_drop(name):
                 del sys.modules[name]
         sys.modules.update(saved)
 

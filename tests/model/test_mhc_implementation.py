@@ -11,6 +11,8 @@ import torch
 from dsv4spec.model import preset
 from dsv4spec.model.model import FusedMhcOps, Layer, Transformer, init_weights
 
+from . import runs
+
 
 class Recording:
     """Our ops (on CPU: their float64 references) with a count of the calls per op."""
@@ -45,15 +47,7 @@ def model():
 
 
 def forward_and_draft(model):
-    g = torch.Generator().manual_seed(2)
-    bs, n = 2, 9
-    toks = torch.randint(0, model.cfg.vocab_size, (bs, n), generator=g)
-    state = model.new_state(num_slots=bs, max_seq_len=32)
-    slots, starts, lengths = torch.arange(bs), torch.zeros(bs, dtype=torch.long), torch.full(
-        (bs,), n)
-    logits, hidden = model(toks, state, slots, starts, lengths)
-    draft_logits, _ = model.draft(toks, hidden, state, slots, starts, lengths)
-    return logits, draft_logits
+    return runs.forward_and_draft(model, seed=2, n=9)
 
 
 def set_on_every_layer(model, ops):
