@@ -9,6 +9,8 @@ import pytest
 
 from dsv4spec.integrations import tables
 from dsv4spec.integrations.sglang import hc_head, metadata, mhc
+from dsv4spec.integrations.vllm import mhc as vllm_hooks
+from dsv4spec.integrations.vllm.tables import TABLES as VLLM_TABLES
 
 H200 = "NVIDIA H200"
 SM90, SM100 = (9, 0), (10, 0)
@@ -98,7 +100,7 @@ def fresh(monkeypatch, tmp_path):
 
     def reset():
         tables.clear_cache()
-        for table in PLUGIN_TABLES:
+        for table in [*PLUGIN_TABLES, *VLLM_TABLES.values()]:
             table.reload()
 
     def device(name, architecture=SM90):
@@ -294,3 +296,31 @@ def test_the_format_holds_another_engine():
     data["engines"]["vllm"] = {"mhc_pre": data["engines"]["sglang"]["mhc_pre"]}
     read = tables.validate(json.loads(tables.dumps(data)))
     assert read["vllm"]["mhc_pre"] == read["sglang"]["mhc_pre"]
+
+
+def test_the_vllm_plugin_reads_the_same_files(fresh, caplog):
+    """vLLM's hooks decide from ``engines.vllm`` of the same chain: the packaged H200 rows, a
+    user file's rows where it holds them, and vLLM's kernel for every hook when a file of the
+    chain is malformed."""
+    fresh(H200)
+    assert vllm_hooks.prefers_dsv4spec("hc_head", 256, 7168, True, SM90)
+    assert not vllm_hooks.prefers_dsv4spec("hc_head", 64, 4096, True, SM90)  # lost there
+    assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 4096, 7168, True, SM90)
+    assert not vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 33, 7168, True, SM90,
+                                           deep_gemm=True)
+    assert VLLM_TABLES["hc_head"].sources[SM90] == tables.PACKAGED_DIR / "NVIDIA_H200.json"
+    data = packaged()
+    data["engines"] = {"vllm": {"hc_head": {**data["engines"]["vllm"]["hc_head"],
+                                            "graph": {"7168": [[1, 8]]}}}}
+    path = write_user(H200, data)
+    fresh(H200)
+    assert vllm_hooks.prefers_dsv4spec("hc_head", 8, 7168, True, SM90)
+    assert not vllm_hooks.prefers_dsv4spec("hc_head", 9, 7168, True, SM90)
+    assert VLLM_TABLES["hc_head"].sources[SM90] == path
+    assert vllm_hooks.prefers_dsv4spec("mhc_pre", 1, 7168, True, SM90)  # packaged still
+    path.write_text("{not json")
+    fresh(H200)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        assert not any(vllm_hooks.prefers_dsv4spec(op, 1, 7168, g, SM90)
+                       for op in VLLM_TABLES for g in (True, False))
+    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1

@@ -1,19 +1,23 @@
 """Where dsv4spec's ops beat vLLM 0.33.0's TileLang kernels: the vLLM hooks' measured tables.
 
-Same structure as the SGLang hooks' (:data:`dsv4spec.integrations.hooks.FasterTable`): per GPU
-architecture, mode ("graph": device time inside a CUDA graph; "eager": host wall time per
-back-to-back eager call) and hidden size, inclusive token ranges whose measured points all won.
-A width, architecture or token count absent here keeps vLLM's kernel.
+The tables are data, read through :func:`dsv4spec.integrations.tables.faster_table` from the same
+files as the SGLang plugin's (``engines.vllm`` of ``tables/NVIDIA_H200.json`` and ``sm_90.json``,
+a user file from ``$DSV4SPEC_TABLES_DIR`` first): per GPU, mode ("graph": device time inside a
+CUDA graph; "eager": host wall time per back-to-back eager call) and hidden size, inclusive token
+ranges whose measured points all won, with the points themselves. A width, architecture or token
+count absent there keeps vLLM's kernel; a malformed file, or none for the GPU, means vLLM's kernel
+for every hook (one WARNING).
 
-Sources (H200, TileLang 0.1.12 as vLLM pins it, vLLM's kernels loaded by path with DeepGEMM
-off): ``benchmarks/results/plugin/vllm_plugin.md`` (``dsv4spec bench vllm``, 2026-12-01 22:21,
-each hooked call beside vLLM's own at T = 1, 2, 4, 8, 16, 32, 64, 256 and H = 4096 / 7168). The
-mHC hooks won at every measured point, in a graph and eager (the boundary 6.40 vs 8.42 us at
-T = 1, H = 7168; ``mhc_pre`` at H = 4096, T = 16 by 0.4 %, the narrowest), and
+Sources of the packaged rows (H200, TileLang 0.1.12 as vLLM pins it, vLLM's kernels loaded by
+path with DeepGEMM off): ``benchmarks/results/plugin/vllm_plugin.md`` (``dsv4spec bench vllm``,
+2026-12-01 22:21, each hooked call beside vLLM's own at T = 1, 2, 4, 8, 16, 32, 64, 256 and
+H = 4096 / 7168). The mHC hooks won at every measured point, in a graph and eager (the boundary
+6.40 vs 8.42 us at T = 1, H = 7168; ``mhc_pre`` at H = 4096, T = 16 by 0.4 %, the narrowest), and
 ``benchmarks/results/mhc/mhc.md`` adds T = 4096 at H = 7168 (boundary 625 vs 1045 us). hc_head
 won everywhere eagerly and in a graph at H = 7168 (3.85 vs 7.99 us at T = 1, 13.4 vs 14.0 at
 256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us), so the
-graph span there stops at 32 and holds 256 alone.
+graph span there stops at 32 and holds 256 alone. ``dsv4spec tune`` measures SGLang's hooks only;
+these rows are remeasured with ``dsv4spec bench vllm``.
 The graph and eager spans may differ: a shape the eager span gives to ours and the graph span to
 vLLM finds vLLM's kernel compiled before any capture, since vLLM compiles its TileLang kernels at
 warm-up (``kernel_config.enable_jit_warmup``, on by default) and in its eager dummy runs.
@@ -21,18 +25,10 @@ warm-up (``kernel_config.enable_jit_warmup``, on by default) and in its eager du
 
 from __future__ import annotations
 
-from dsv4spec.integrations.hooks import FasterTable
+from dsv4spec.integrations.tables import FileTable, faster_table
 
-TABLES: dict[str, FasterTable] = {
-    "hc_head": {(9, 0): {"graph": {4096: ((1, 32), (256, 256)), 7168: ((1, 256),)},
-                         "eager": {4096: ((1, 256),), 7168: ((1, 256),)}}},
-    "mhc_pre": {(9, 0): {"graph": {4096: ((1, 256),), 7168: ((1, 4096),)},
-                         "eager": {4096: ((1, 256),), 7168: ((1, 4096),)}}},
-    "mhc_post": {(9, 0): {"graph": {4096: ((1, 256),), 7168: ((1, 4096),)},
-                          "eager": {4096: ((1, 256),), 7168: ((1, 4096),)}}},
-    "mhc_fused_post_pre": {(9, 0): {"graph": {4096: ((1, 256),), 7168: ((1, 4096),)},
-                                    "eager": {4096: ((1, 256),), 7168: ((1, 4096),)}}},
-}
+OPS = ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")
+TABLES: dict[str, FileTable] = {op: faster_table("vllm", op) for op in OPS}
 # The token count from which vLLM's op computes its pre-norm GEMM with DeepGEMM where DeepGEMM is
 # supported (``is_deep_gemm_supported()``: Hopper or Blackwell, VLLM_USE_DEEP_GEMM, DeepGEMM
 # importable) instead of TileLang: mhc_pre at every count, the fused boundary above its one-launch
