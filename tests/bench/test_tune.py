@@ -106,6 +106,9 @@ class FakeMeasure:
     def prepare(self, groups):
         pass
 
+    def peer_version(self, group):
+        return "0.33.0"
+
     def point(self, g, key, count, quick):
         if FakeMeasure.stop_at is not None and len(FakeMeasure.calls) == FakeMeasure.stop_at:
             raise KeyboardInterrupt
@@ -371,6 +374,63 @@ def test_report_shows_what_each_hook_serves_and_every_point(capsys):
            f"{share:.0%} |" in out
     assert "| sglang | build_page_table_positions_triton | page_table_width | eager | " \
            "engine's always | - |" in out
-    points = sum(len(rows) for e in data["engines"]["sglang"].values()
+    points = sum(len(rows) for hooks in data["engines"].values() for e in hooks.values()
                  for keyed in e["points"].values() for rows in keyed.values())
+    assert "| vllm | hc_head | hidden_size | graph |" in out
     assert out.count(" | ours |") + out.count(" | engine |") == points
+
+
+def test_vllm_hooks_are_tuned_beside_vllms_kernels_into_the_same_file(fake_gpu, monkeypatch):
+    from dsv4spec.integrations.vllm import mhc as vllm_hooks
+    from dsv4spec.integrations.vllm.tables import TABLES as VLLM_TABLES
+
+    path = fake_gpu
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_post"]) == 0  # SGLang's first
+    assert cli.main(["tune", "--engine", "vllm", "--hooks", "hc_head", "mhc_post"]) == 0
+    data = json.loads(path.read_text())
+    assert set(data["engines"]["sglang"]) == {"mhc_post"}  # kept
+    assert set(data["engines"]["vllm"]) == {"hc_head", "mhc_post"}
+    assert data["measured"]["sglang"] == "0.5.23" and data["measured"]["vllm"] == "0.33.0"
+    vllm_calls = [c for c in FakeMeasure.calls if c[0] == "hc_head"]
+    assert {k for _, k, _ in vllm_calls} == {4096, 7168} and {19, 23, 32} <= {
+        c for _, _, c in vllm_calls}  # bisected where the fake's winner changes
+    tables.clear_cache()
+    monkeypatch.setattr(tables, "_device_name", lambda arch: DEVICE)
+    for table in VLLM_TABLES.values():
+        table.reload()
+    try:
+        assert vllm_hooks.prefers_dsv4spec("hc_head", 22, 7168, True, (9, 0))
+        assert not vllm_hooks.prefers_dsv4spec("hc_head", 23, 7168, True, (9, 0))
+        assert not vllm_hooks.prefers_dsv4spec("hc_head", 1, 7168, False, (9, 0))
+        assert VLLM_TABLES["hc_head"].sources[(9, 0)] == path
+        # a vLLM hook the user file lacks keeps the packaged rows
+        assert vllm_hooks.prefers_dsv4spec("mhc_pre", 1, 7168, True, (9, 0))
+    finally:
+        tables.clear_cache()
+        for table in VLLM_TABLES.values():
+            table.reload()
+
+
+def test_a_hook_of_the_other_engine_is_refused_in_one_line(fake_gpu, capsys):
+    assert cli.main(["tune", "--engine", "vllm", "--hooks", "target_hc_head"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vllm has no hook target_hc_head" in err
+    assert not fake_gpu.exists() and not FakeMeasure.calls
+
+
+def test_the_vllm_measurer_times_bench_vllms_checked_measurement(monkeypatch):
+    from dsv4spec.bench import vllm_plugin
+
+    seen = []
+
+    def fake_measure(peer, op, H, T, seed):
+        seen.append((peer, op, H, T))
+        return {"hook_graph_us": 1.0, "vllm_graph_us": 2.0, "hook_eager_us": 3.0,
+                "vllm_eager_us": 4.0}
+
+    monkeypatch.setattr(vllm_plugin, "measure", fake_measure)
+    measure = tune.Measure(device="cpu")
+    measure._loaded["vllm"] = peer = object()
+    g = tune.VLLM_GRIDS["mhc_fused_post_pre"]
+    assert measure.point(g, 7168, 16, quick=False) == {"graph": [1.0, 2.0], "eager": [3.0, 4.0]}
+    assert seen == [(peer, "mhc_fused_post_pre", 7168, 16)]

@@ -1,11 +1,13 @@
-"""``dsv4spec tune``: measure where each table-gated hook's op beats SGLang's own on this GPU and
-write the GPU's measured-faster tables, the file the plugins prefer over the packaged ones.
+"""``dsv4spec tune``: measure where each table-gated hook's op beats the engine's own on this GPU
+(SGLang's; vLLM's with ``--engine vllm``) and write the GPU's measured-faster tables, the file the
+plugins prefer over the packaged ones.
 
 Method: for every hook and grid point, the benchmarks' own inputs and providers (``bench mhc``,
 ``bench hc-head``, ``bench metadata``: SGLang's kernels from its own files beside dsv4spec's ops),
-both outputs checked against each other or the reference before anything is timed; device time
-per call replayed from a CUDA graph, and host wall time per back-to-back eager call, both
-providers side by side. Ours is served at a point in a mode where it was faster there (for the
+both outputs checked against each other or the reference before anything is timed (vLLM's
+hooks: ``bench vllm``'s measurement, the hook with ours forced beside vLLM's TileLang function);
+device time per call replayed from a CUDA graph, and host wall time per back-to-back eager call,
+both providers side by side. Ours is served at a point in a mode where it was faster there (for the
 metadata builders: at every shape measured for that row count, decode and verify, a short and a
 half-full context). Counts are measured on a coarse grid, then bisected wherever the winner
 changes between neighbours, so the table is dense only where it needs to be; a winning point
@@ -40,7 +42,8 @@ from dsv4spec.integrations import tables
 from dsv4spec.integrations.hooks import Spans
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
 
-ENGINE = "sglang"
+ENGINES = ("sglang", "vllm")
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 EXIT_USAGE = 2
 PAGE_TABLE, COMPRESSED = metadata_hooks.PAGE_TABLE, metadata_hooks.COMPRESSED
 EXPAND, COMPRESSION = metadata_hooks.EXPAND, metadata_hooks.COMPRESSION
@@ -124,16 +127,28 @@ GRIDS: dict[str, Grid] = {g.hook: g for g in (
     Grid(EXPAND, "expand", "qo_len", "requests", "nearer_smaller", tuple(range(2, 9)),
          (1, 4, 16, 64, 256, MAX_BS), (4,), (1, 32)),
 )}
+# vLLM 0.33.0's hooks (dsv4spec.integrations.vllm), beside vLLM's TileLang kernels with DeepGEMM
+# off, as `dsv4spec bench vllm` measures them; where vLLM runs DeepGEMM its own op runs whatever
+# the table says (dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS).
+VLLM_GRIDS: dict[str, Grid] = {hook: Grid(
+    hook, "vllm", "hidden_size", "num_tokens", "exact", HIDDEN,
+    (1, 4, 16, 64, 256, 1024, 4096), (7168,), (1, 16), seconds=2.5, quick_seconds=2.0)
+    for hook in ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")}
+ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
 # after 20 s of loading: benchmarks/results/logs/tune_rerun.log)
-COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "metadata": 1.0, "expand": 0.5}
+COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "metadata": 1.0, "expand": 0.5, "vllm": 3.0}
 START_SECONDS = 20.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hooks", nargs="+", choices=list(GRIDS), default=list(GRIDS),
-                        help="hooks to tune (default: all)")
+    parser.add_argument("--engine", choices=ENGINES, default="sglang",
+                        help="whose plugin's hooks to tune, each beside that engine's own "
+                             "kernels (default: sglang)")
+    parser.add_argument("--hooks", nargs="+", default=None,
+                        choices=sorted({*GRIDS, *VLLM_GRIDS}),
+                        help="hooks to tune (default: all of the engine's)")
     parser.add_argument("--quick", action="store_true",
                         help="a few points per hook and short timing (a smoke run: its file "
                              "covers little, so it is best written to a --out-dir of its own)")
@@ -157,11 +172,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # The grid, the estimate, the spans
 
 
-def plan(hooks: list[str], quick: bool) -> tuple[list[str], float]:
+def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[str], float]:
     """One line per hook (keys, counts, modes, points) and the estimated seconds in all."""
     lines, total = [], START_SECONDS
     for hook in hooks:
-        g = GRIDS[hook]
+        g = ENGINE_GRIDS[engine][hook]
         points = g.points(quick)
         keys = sorted({k for k, _ in points})
         counts = sorted({c for _, c in points})
@@ -298,12 +313,23 @@ class Measure:
 
             page_mod, c128_mod = metadata.load_sglang_metadata_kernels()
             value = (page_mod, c128_mod, metadata.load_sglang_attn_metadata(c128_mod))
+        elif group == "vllm":
+            from dsv4spec.bench.vllm_kernels import vllm_mhc_peer
+
+            value = vllm_mhc_peer()
+            if value is None:
+                raise RuntimeError("vLLM's kernels did not load (vLLM's source, TileLang and "
+                                   "a CUDA device are needed: see dsv4spec.bench.vllm_kernels)")
         else:
             from dsv4spec.bench import metadata
 
             value = metadata.load_sglang_expand()
         self._loaded[group] = value
         return value
+
+    def peer_version(self, group: str) -> str:
+        """The version a loaded peer reports (vLLM's kernels), else "unknown"."""
+        return str(getattr(self._loaded.get(group), "version", "unknown"))
 
     def point(self, g: Grid, key: int, count: int, quick: bool) -> dict:
         result = getattr(self, f"_{g.group}")(g, key, count, quick)
@@ -368,6 +394,15 @@ class Measure:
                     {"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes, quick))
                 del x, prep, fns
         return _worst(results, g.modes)
+
+    def _vllm(self, g: Grid, H: int, T: int, quick: bool) -> dict:
+        from dsv4spec.bench import vllm_plugin
+
+        # bench vllm's measurement: the hook with ours forced, checked against float64 and
+        # within twice vLLM's error before both are timed in a graph and eagerly
+        r = vllm_plugin.measure(self._peer("vllm"), g.hook, H, T, seed=T + H)
+        return {"graph": [r["hook_graph_us"], r["vllm_graph_us"]],
+                "eager": [r["hook_eager_us"], r["vllm_eager_us"]]}
 
     def _expand(self, g: Grid, qo_len: int, bs: int, quick: bool) -> dict:
         from dsv4spec.bench import metadata
@@ -483,7 +518,13 @@ def report(data: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    hooks = list(dict.fromkeys(args.hooks))
+    grids = ENGINE_GRIDS[args.engine]
+    hooks = list(dict.fromkeys(args.hooks if args.hooks is not None else grids))
+    others = [h for h in hooks if h not in grids]
+    if others and not (args.compare or args.report):
+        print(f"dsv4spec tune: error: {args.engine} has no hook {', '.join(others)} (its hooks: "
+              f"{', '.join(grids)}); nothing was written", file=sys.stderr)
+        return EXIT_USAGE
     if args.compare:
         a, b = (tables.read_file(p) for p in args.compare)
         lines, shared, real = compare(a, b)
@@ -493,7 +534,7 @@ def main(args: argparse.Namespace) -> int:
     if args.report:
         print(report(json.loads(args.report.read_text())), end="")
         return 0
-    lines, seconds = plan(hooks, args.quick)
+    lines, seconds = plan(hooks, args.quick, args.engine)
     if args.plan:
         print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min on an H200 (estimate)")
         return 0
@@ -516,7 +557,7 @@ def main(args: argparse.Namespace) -> int:
                       "--force replaces it; nothing was written", file=sys.stderr)
                 return EXIT_USAGE
             existing = None
-    held = sorted(set(hooks) & set((existing or {}).get("engines", {}).get(ENGINE, {})))
+    held = sorted(set(hooks) & set((existing or {}).get("engines", {}).get(args.engine, {})))
     if held and not args.force:
         print(f"dsv4spec tune: error: {path} already holds {', '.join(held)}; --force measures "
               "them again (its other hooks are kept); nothing was written", file=sys.stderr)
@@ -532,19 +573,22 @@ def main(args: argparse.Namespace) -> int:
                       f"quick={saved.get('quick')}); starting over")
         except (OSError, ValueError) as e:
             print(f"{partial}: not readable ({e}); starting over")
-    kept = sum(len(c) for h in hooks for c in state["points"].get(h, {}).values())
+    # the partial's points by hook, vLLM's under "vllm:<hook>" (the two engines share hook names)
+    slot = {h: h if args.engine == "sglang" else f"{args.engine}:{h}" for h in hooks}
+    kept = sum(len(c) for h in hooks for c in state["points"].get(slot[h], {}).values())
     print(f"dsv4spec tune on {env['device']} (torch {env['torch']}, Triton {env['triton']}): "
           f"{'quick' if args.quick else 'full'} grid, writing {path}")
     print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min (estimate on an H200)"
           + (f"; resuming with {kept} points already measured in {partial}" if kept else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     measure = Measure()
-    measure.prepare(dict.fromkeys(GRIDS[h].group for h in hooks))
+    measure.prepare(dict.fromkeys(grids[h].group for h in hooks))
     start, done = time.perf_counter(), 0
-    total = sum(len(GRIDS[h].points(args.quick)) for h in hooks)
+    total = sum(len(grids[h].points(args.quick)) for h in hooks)
+    peer_name = ENGINE_NAMES[args.engine]
     for hook in hooks:
-        g = GRIDS[hook]
-        measured = state["points"].setdefault(hook, {})
+        g = grids[hook]
+        measured = state["points"].setdefault(slot[hook], {})
         for key in sorted({k for k, _ in g.points(args.quick)}):
             by_count = measured.setdefault(str(key), {})
             todo = [c for k, c in g.points(args.quick) if k == key]
@@ -564,8 +608,9 @@ def main(args: argparse.Namespace) -> int:
                     r = by_count[str(count)]
                     elapsed = time.perf_counter() - start
                     print(f"[{done}/{total}+] {hook} {g.key}={key} {g.count}={count}: "
-                          + ", ".join(f"{m} ours {r[m][0]:.2f} / SGLang {r[m][1]:.2f} us "
-                                      f"({'ours' if _won(r, m) else 'SGLang'})" for m in g.modes)
+                          + ", ".join(f"{m} ours {r[m][0]:.2f} / {peer_name} {r[m][1]:.2f} us "
+                                      f"({'ours' if _won(r, m) else peer_name})"
+                                      for m in g.modes)
                           + f"  [{elapsed:.0f} s]", flush=True)
                 won = {int(c): tuple(_won(r, m) for m in g.modes) for c, r in by_count.items()}
                 todo = [] if args.quick else list(dict.fromkeys(
@@ -576,33 +621,36 @@ def main(args: argparse.Namespace) -> int:
     data = existing or {"format": tables.FORMAT, "engines": {}}
     data.update(format=tables.FORMAT, device=env["device"],
                 architecture=tables.architecture_name(torch.cuda.get_device_capability()))
+    versions = ({"sglang": _sglang_version()} if args.engine == "sglang"
+                else {"vllm": measure.peer_version("vllm")})
+    # the last run's provenance; an earlier run's engine version is kept beside it
     data["measured"] = {
-        "date": datetime.date.today().isoformat(), **{k: env[k] for k in (
-            "dsv4spec", "torch", "triton", "cuda")}, "sglang": _sglang_version(),
-        "command": f"dsv4spec tune --hooks {' '.join(hooks)}" + (" --quick" * args.quick),
-        "quick": args.quick}
-    engine = data["engines"].setdefault(ENGINE, {})
+        **data.get("measured", {}), "date": datetime.date.today().isoformat(),
+        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda")}, **versions,
+        "command": f"dsv4spec tune --engine {args.engine} --hooks {' '.join(hooks)}"
+                   + (" --quick" * args.quick), "quick": args.quick}
+    engine = data["engines"].setdefault(args.engine, {})
     for hook in hooks:
-        engine[hook] = entry_from_points(GRIDS[hook], {
+        engine[hook] = entry_from_points(grids[hook], {
             int(k): {int(c): r for c, r in by_count.items()}
-            for k, by_count in state["points"][hook].items()})
+            for k, by_count in state["points"][slot[hook]].items()})
     tables.validate(data)
     _write_json(path, data)
     for hook in hooks:  # the partial keeps only points of hooks this run did not write
-        state["points"].pop(hook, None)
+        state["points"].pop(slot[hook], None)
     if state["points"]:
         _write_json(partial, state)
     else:
         partial.unlink(missing_ok=True)
     for hook in hooks:
         entry = engine[hook]
+        modes = grids[hook].modes
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
-                  for m in GRIDS[hook].modes}
-        share = served_share(entry, GRIDS[hook].modes)
+                  for m in modes}
+        share = served_share(entry, modes)
         print(f"{hook}: ours served at " + ", ".join(
-            f"{m} {_describe(entry[m])} ({share[m]:.0%} of the points)"
-            for m in GRIDS[hook].modes) + (
-            "" if any(served.values()) else " (nowhere: SGLang's own runs)"))
+            f"{m} {_describe(entry[m])} ({share[m]:.0%} of the points)" for m in modes) + (
+            "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)"))
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
           "next start")
     return 0

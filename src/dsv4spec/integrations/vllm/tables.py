@@ -16,8 +16,8 @@ H = 4096 / 7168). The mHC hooks won at every measured point, in a graph and eage
 ``benchmarks/results/mhc/mhc.md`` adds T = 4096 at H = 7168 (boundary 625 vs 1045 us). hc_head
 won everywhere eagerly and in a graph at H = 7168 (3.85 vs 7.99 us at T = 1, 13.4 vs 14.0 at
 256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us), so the
-graph span there stops at 32 and holds 256 alone. ``dsv4spec tune`` measures SGLang's hooks only;
-these rows are remeasured with ``dsv4spec bench vllm``.
+graph span there stops at 32 and holds 256 alone. ``dsv4spec tune --engine vllm`` measures these
+hooks on another GPU (``bench vllm``'s measurement over its grid) into the user directory's file.
 The graph and eager spans may differ: a shape the eager span gives to ours and the graph span to
 vLLM finds vLLM's kernel compiled before any capture, since vLLM compiles its TileLang kernels at
 warm-up (``kernel_config.enable_jit_warmup``, on by default) and in its eager dummy runs.
