@@ -58,7 +58,9 @@ for s in $STEPS; do
     eager-cost|cleanup|hc-head|model-step|e2e|plugin|mhc|metadata|cleanup:quick|hc-head:quick|e2e:quick|mhc:quick|metadata:quick)
       name=${s%:quick}
       flags=$([ "$s" != "$name" ] && echo --quick)
-      case $name in cleanup|hc-head|eager-cost) flags="$flags --peer sglang" ;; esac
+      case $name in cleanup|eager-cost) flags="$flags --peer sglang" ;; esac
+      # vLLM's hc_head joins as a peer where its source and TileLang are found (else one line)
+      [ "$name" = hc-head ] && flags="$flags --peer sglang vllm"
       # the plugin's first-sight compile is timed cold: no kernel in Triton's disk cache
       cache=$([ "$name" = plugin ] && echo "TRITON_CACHE_DIR=$(mktemp -d)")
       step "dsv4spec bench $name $flags"
