@@ -6,6 +6,8 @@ SGLang's and vLLM's ``mhc_pre``, ``mhc_post`` and ``mhc_fused_post_pre`` return 
 RMSNorm after it.
 """
 
+import torch
+
 from dsv4spec.ops import (
     hc_head_reference,
     mhc_post_pre_reference,
@@ -37,3 +39,26 @@ def reference(op, t, norm=True):
     new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
                                                 *weights, **kw)
     return new, post.unsqueeze(-1), comb, y
+
+
+def make_inputs(T, H, device, hc=4, seed=0, head=False):
+    """Everything the engines' mHC functions take, as DSV4 passes it (post as [T, hc, 1], comb
+    with rows summing to 1), and with ``head`` hc_head's parameters too, drawn after the rest."""
+    g = torch.Generator().manual_seed(seed)
+    n = (2 + hc) * hc
+    t = {
+        "residual": torch.randn(T, hc, H, generator=g).bfloat16(),
+        "x": torch.randn(T, H, generator=g).bfloat16(),
+        "post": torch.rand(T, hc, 1, generator=g) * 2,
+        "comb": torch.rand(T, hc, hc, generator=g),
+        "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
+        "hc_scale": torch.rand(3, generator=g) + 0.5,
+        "hc_base": torch.randn(n, generator=g) * 0.5,
+        "norm_weight": (1 + 0.25 * torch.randn(H, generator=g)).bfloat16(),
+    }
+    if head:
+        t["head_fn"] = torch.randn(hc, hc * H, generator=g) * (hc * H) ** -0.5
+        t["head_scale"] = torch.rand(1, generator=g) + 0.5
+        t["head_base"] = torch.randn(hc, generator=g) * 0.5
+    t["comb"] = t["comb"] / t["comb"].sum(-1, keepdim=True)
+    return {k: v.to(device) for k, v in t.items()}

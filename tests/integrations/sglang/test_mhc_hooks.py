@@ -23,6 +23,7 @@ from dsv4spec.integrations.sglang import mhc as hooks
 from dsv4spec.integrations.sglang import plugin
 
 from ..mhc_reference import HC_EPS, ITERS, NORM_EPS, RMS_EPS, reference
+from ..mhc_reference import make_inputs as mhc_inputs
 from . import standins
 from .conftest import MHC_POST, MHC_POST_PRE, MHC_PRE, MHC_TARGETS
 from .standins import DEVICE
@@ -37,20 +38,7 @@ H = 64  # interpreter-sized; SGLang's TileLang kernels need H = 4096 or 7168 (th
 
 def make_inputs(T, H=H, hc=4, seed=0):
     """Everything the three functions take, as DSV4 passes it (post as [T, hc, 1])."""
-    g = torch.Generator().manual_seed(seed)
-    n = (2 + hc) * hc
-    t = {
-        "residual": torch.randn(T, hc, H, generator=g).bfloat16(),
-        "x": torch.randn(T, H, generator=g).bfloat16(),
-        "post": torch.rand(T, hc, 1, generator=g) * 2,
-        "comb": torch.rand(T, hc, hc, generator=g),
-        "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
-        "hc_scale": torch.rand(3, generator=g) + 0.5,
-        "hc_base": torch.randn(n, generator=g) * 0.5,
-        "norm_weight": (1 + 0.25 * torch.randn(H, generator=g)).bfloat16(),
-    }
-    t["comb"] = t["comb"] / t["comb"].sum(-1, keepdim=True)
-    return {k: v.to(DEVICE) for k, v in t.items()}
+    return mhc_inputs(T, H, DEVICE, hc, seed, head=False)
 
 
 def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):

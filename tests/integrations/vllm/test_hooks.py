@@ -21,6 +21,7 @@ from dsv4spec.integrations.vllm import plugin, register
 from dsv4spec.integrations.vllm.tables import TABLES
 
 from ..mhc_reference import HC_EPS, HEAD_HC_EPS, HEAD_RMS_EPS, ITERS, NORM_EPS, RMS_EPS, reference
+from ..mhc_reference import make_inputs as mhc_inputs
 from .conftest import NAMES
 from .standins import DEVICE
 
@@ -46,23 +47,7 @@ FAULTS = [
 
 
 def make_inputs(T, H=H, hc=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = (2 + hc) * hc
-    t = {
-        "residual": torch.randn(T, hc, H, generator=g).bfloat16(),
-        "x": torch.randn(T, H, generator=g).bfloat16(),
-        "post": torch.rand(T, hc, 1, generator=g) * 2,
-        "comb": torch.rand(T, hc, hc, generator=g),
-        "fn": torch.randn(n, hc * H, generator=g) * (hc * H) ** -0.5,
-        "hc_scale": torch.rand(3, generator=g) + 0.5,
-        "hc_base": torch.randn(n, generator=g) * 0.5,
-        "norm_weight": (1 + 0.25 * torch.randn(H, generator=g)).bfloat16(),
-        "head_fn": torch.randn(hc, hc * H, generator=g) * (hc * H) ** -0.5,
-        "head_scale": torch.rand(1, generator=g) + 0.5,
-        "head_base": torch.randn(hc, generator=g) * 0.5,
-    }
-    t["comb"] = t["comb"] / t["comb"].sum(-1, keepdim=True)
-    return {k: v.to(DEVICE) for k, v in t.items()}
+    return mhc_inputs(T, H, DEVICE, hc, seed, head=True)
 
 
 def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
