@@ -46,7 +46,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, store_token_grams, supports_pdl
+from dsv4spec.kernels.device import (num_sms, round_to, split_bf16x3, store_token_grams, sum_over_h,
+                                     supports_pdl)
 from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -184,20 +185,23 @@ def _mhc_partials_kernel(
             g12 += x1 * x2
             g13 += x1 * x3
             g23 += x2 * x3
-    # ws[t, slot, split]: slots 0-23 the dots, 24-27 the diagonal of G, 28-33 its upper half
+    # ws[t, slot, split]: slots 0-23 the dots, 24-27 the diagonal of G, 28-33 its upper half.
+    # Each sum over h is a fixed pairwise tree (sum_over_h), not tl.sum: tl.sum's order follows
+    # the tile's layout, which changes with BLOCK_T and the warps, and a token must get the
+    # same bits alone as in a batch (docs/design.md, batch invariance).
     ws = ws_ptr + t3 * stride_wt + split
-    tl.store(ws + r3 * stride_wk, tl.sum(acc, axis=2)[:, :, None], mask=mask_t3 & mask_r3)
-    tl.store(ws + 24 * stride_wk, tl.sum(g00, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 25 * stride_wk, tl.sum(g11, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 26 * stride_wk, tl.sum(g22, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 27 * stride_wk, tl.sum(g33, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + r3 * stride_wk, sum_over_h(acc), mask=mask_t3 & mask_r3)
+    tl.store(ws + 24 * stride_wk, sum_over_h(g00), mask=mask_t3)
+    tl.store(ws + 25 * stride_wk, sum_over_h(g11), mask=mask_t3)
+    tl.store(ws + 26 * stride_wk, sum_over_h(g22), mask=mask_t3)
+    tl.store(ws + 27 * stride_wk, sum_over_h(g33), mask=mask_t3)
     if GRAM:
-        tl.store(ws + 28 * stride_wk, tl.sum(g01, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 29 * stride_wk, tl.sum(g02, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 30 * stride_wk, tl.sum(g03, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 31 * stride_wk, tl.sum(g12, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 32 * stride_wk, tl.sum(g13, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 33 * stride_wk, tl.sum(g23, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 28 * stride_wk, sum_over_h(g01), mask=mask_t3)
+        tl.store(ws + 29 * stride_wk, sum_over_h(g02), mask=mask_t3)
+        tl.store(ws + 30 * stride_wk, sum_over_h(g03), mask=mask_t3)
+        tl.store(ws + 31 * stride_wk, sum_over_h(g12), mask=mask_t3)
+        tl.store(ws + 32 * stride_wk, sum_over_h(g13), mask=mask_t3)
+        tl.store(ws + 33 * stride_wk, sum_over_h(g23), mask=mask_t3)
 
 
 @triton.jit
