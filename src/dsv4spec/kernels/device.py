@@ -69,28 +69,3 @@ def store_token_grams(ws_rows, stride_wk, gram, mask_r, ROWS: tl.constexpr, BLOC
     slot = tl.where(ii == jj, DIAG_SLOT + ii, PAIR_SLOT + ii * (7 - ii) // 2 + jj - ii - 1)
     keep = (ii == jj) | (PAIRS & (ii < jj))
     tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
-
-
-@triton.jit
-def sum_over_h(x):
-    """``[A, B, K] -> [A, B, 1]`` (K a power of two, 2 to 128): the sum over the last axis as a
-    fixed pairwise tree, ``(x0 + x1) + (x2 + x3)`` and so on. Each step adds two numbers, which
-    is the same sum in either order, so the bits do not depend on how the tile is spread over
-    threads (``tl.sum``'s order does)."""
-    A: tl.constexpr = x.shape[0]
-    B: tl.constexpr = x.shape[1]
-    K: tl.constexpr = x.shape[2]
-    tl.static_assert(K >= 2 and K <= 128 and (K & (K - 1)) == 0)
-    if K >= 128:
-        x = tl.sum(tl.reshape(x, [A, B, 64, 2]), axis=3)
-    if K >= 64:
-        x = tl.sum(tl.reshape(x, [A, B, 32, 2]), axis=3)
-    if K >= 32:
-        x = tl.sum(tl.reshape(x, [A, B, 16, 2]), axis=3)
-    if K >= 16:
-        x = tl.sum(tl.reshape(x, [A, B, 8, 2]), axis=3)
-    if K >= 8:
-        x = tl.sum(tl.reshape(x, [A, B, 4, 2]), axis=3)
-    if K >= 4:
-        x = tl.sum(tl.reshape(x, [A, B, 2, 2]), axis=3)
-    return tl.sum(tl.reshape(x, [A, B, 1, 2]), axis=3)

@@ -46,8 +46,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.device import (num_sms, round_to, split_bf16x3, store_token_grams, sum_over_h,
-                                     supports_pdl)
+from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, store_token_grams, supports_pdl
 from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -63,6 +62,12 @@ WAIT_MAX_TOKENS = 8
 # mhc_post as a programmatic dependent launch on sm_90+: 0.2-2.6 us faster at every measured T
 # (benchmarks/results/mhc/mhc_sweep.json)
 POST_PDL = True
+# Up to this many tokens one tiling and, T not specialised, one compiled partials and finalize: a
+# token then gets the same bits alone as in a batch (a decode step and the verify of its drafts
+# agree). Per-T tilings and T == 1 specialised gave 28-99 of the 2-32-token batches' outputs
+# other bits than alone; one tiling gave none, at +0.5 us at T = 1 and no cost at 2-4
+# (benchmarks/results/mhc/batch_invariance.json).
+INVARIANT_MAX_TOKENS = 4
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
@@ -93,7 +98,7 @@ def _load_mixes(post_ptr, comb_ptr, t, mask):
             tl.load(cp + 14, mask=mask, other=0.0), tl.load(cp + 15, mask=mask, other=0.0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T of a tiling: INVARIANT_MAX_TOKENS
 def _mhc_partials_kernel(
     x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
@@ -185,23 +190,20 @@ def _mhc_partials_kernel(
             g12 += x1 * x2
             g13 += x1 * x3
             g23 += x2 * x3
-    # ws[t, slot, split]: slots 0-23 the dots, 24-27 the diagonal of G, 28-33 its upper half.
-    # Each sum over h is a fixed pairwise tree (sum_over_h), not tl.sum: tl.sum's order follows
-    # the tile's layout, which changes with BLOCK_T and the warps, and a token must get the
-    # same bits alone as in a batch (docs/design.md, batch invariance).
+    # ws[t, slot, split]: slots 0-23 the dots, 24-27 the diagonal of G, 28-33 its upper half
     ws = ws_ptr + t3 * stride_wt + split
-    tl.store(ws + r3 * stride_wk, sum_over_h(acc), mask=mask_t3 & mask_r3)
-    tl.store(ws + 24 * stride_wk, sum_over_h(g00), mask=mask_t3)
-    tl.store(ws + 25 * stride_wk, sum_over_h(g11), mask=mask_t3)
-    tl.store(ws + 26 * stride_wk, sum_over_h(g22), mask=mask_t3)
-    tl.store(ws + 27 * stride_wk, sum_over_h(g33), mask=mask_t3)
+    tl.store(ws + r3 * stride_wk, tl.sum(acc, axis=2)[:, :, None], mask=mask_t3 & mask_r3)
+    tl.store(ws + 24 * stride_wk, tl.sum(g00, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + 25 * stride_wk, tl.sum(g11, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + 26 * stride_wk, tl.sum(g22, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + 27 * stride_wk, tl.sum(g33, axis=2)[:, :, None], mask=mask_t3)
     if GRAM:
-        tl.store(ws + 28 * stride_wk, sum_over_h(g01), mask=mask_t3)
-        tl.store(ws + 29 * stride_wk, sum_over_h(g02), mask=mask_t3)
-        tl.store(ws + 30 * stride_wk, sum_over_h(g03), mask=mask_t3)
-        tl.store(ws + 31 * stride_wk, sum_over_h(g12), mask=mask_t3)
-        tl.store(ws + 32 * stride_wk, sum_over_h(g13), mask=mask_t3)
-        tl.store(ws + 33 * stride_wk, sum_over_h(g23), mask=mask_t3)
+        tl.store(ws + 28 * stride_wk, tl.sum(g01, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 29 * stride_wk, tl.sum(g02, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 30 * stride_wk, tl.sum(g03, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 31 * stride_wk, tl.sum(g12, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 32 * stride_wk, tl.sum(g13, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + 33 * stride_wk, tl.sum(g23, axis=2)[:, :, None], mask=mask_t3)
 
 
 @triton.jit
@@ -383,7 +385,7 @@ def _sum_rows4(a, b, c, d):
     return tl.sum(a, axis=0), tl.sum(b, axis=0), tl.sum(c, axis=0), tl.sum(d, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T of a tiling: INVARIANT_MAX_TOKENS
 def _mhc_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, post_ptr, comb_ptr, out_ptr,
     T, H, NUM_SPLITS, NUM_HBLOCKS, rms_eps, hc_eps, norm_eps, post_mult, stride_wt, stride_wk,
@@ -637,8 +639,9 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     if mma:
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps)
     small = T <= 32
+    invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
-        block_t = min(triton.next_power_of_2(T), 4 if T <= 4 or 32 < T <= 64 else 8)
+        block_t = 4 if invariant else min(triton.next_power_of_2(T), 4 if 32 < T <= 64 else 8)
     if block_k is None:
         block_k = 64 if small else 32
     n_chunks = triton.cdiv(H, block_k)
@@ -651,8 +654,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         # the finalize's H-blocks: more, narrower programs while few tokens leave SMs idle
         # (benchmarks/results/mhc/mhc_sweep.json: 256 at T = 3-4 and 512 at 5-8 cut the boundary
         # by 0.4 and 1.2 us at T = 4 and 8)
-        block_h = (128 if T <= 2 else 256 if T <= 4 else 512 if T <= 8 else 1024 if T <= 128
-                   else 512)
+        block_h = 256 if invariant else 512 if T <= 8 else 1024 if T <= 128 else 512
     if pdl is None:
         pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
     elif pdl and not supports_pdl(device_index):
@@ -670,7 +672,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     if warps is None:
         # the finalize's reductions stay in-warp shuffles with one warp; a dependent partials
         # launch at one token holds its fn columns in 4 warps' registers
-        warps = (4 if T == 1 and wait else 2 if T <= 2 or 16 < T <= 64 else 4, 1)
+        warps = (4 if invariant else 2 if 16 < T <= 64 else 4, 1)
     prefetch_fn = bool((wait if prefetch_fn is None else prefetch_fn) and chunks_per_split == 1)
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    pdl, wait, bool(vector_sums), prefetch_fn or wait)
