@@ -20,6 +20,10 @@ the new residual ``x'_j = post_j f + sum_i comb[i, j] x_i``, rounds it to the st
 it and accumulates the partials from those rounded values (what a separate post then pre sees).
 ``mhc_post`` alone is one launch over (tokens, H-blocks), elementwise with 20 scalar weights.
 
+Batch invariance: up to ``INVARIANT_MAX_TOKENS`` tokens one tiling, and T not specialised, so a
+token gets the same bits alone (decode) as inside the verify of its drafts; above, the tiling
+follows T (docs/design.md, mHC, batch invariance).
+
 Second generation (defaults from benchmarks/results/mhc/mhc_sweep.json): up to
 ``WAIT_MAX_TOKENS`` the partials are themselves a programmatic dependent launch that loads its fn
 columns (a weight) before it waits for the previous kernel, and the finalize lets the next launch
