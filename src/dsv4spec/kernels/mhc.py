@@ -108,7 +108,7 @@ def _mhc_partials_kernel(
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
     POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_FN: tl.constexpr,
-    WAIT: tl.constexpr,
+    WAIT: tl.constexpr, NROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
 ):
     if PDL and not WAIT:  # let the finalize start now: it loads what it can, then waits
         gdc_launch_dependents()
@@ -121,9 +121,10 @@ def _mhc_partials_kernel(
     offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
     t3 = offs_t[:, None, None]
     mask_t3 = t3 < T
-    r3 = tl.arange(0, 32)[None, :, None]
+    # NROWS rows of fn (24: the boundary's pre, post and comb; 4: hc_head's), padded to ROWS_PAD
+    r3 = tl.arange(0, ROWS_PAD)[None, :, None]
     fn_rows = fn_ptr + r3 * stride_fn
-    mask_r3 = r3 < 24  # NMIX
+    mask_r3 = r3 < NROWS
     if PREFETCH_FN:  # one chunk per split: its fn columns (a weight) before anything else
         hp = (split * BLOCK_K + tl.arange(0, BLOCK_K))[None, None, :]
         fp = fn_rows + hp
@@ -139,7 +140,7 @@ def _mhc_partials_kernel(
     if POST:  # the previous layer's post and comb, per token: [BLOCK_T, 1, 1]
         (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
          c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, t3, mask_t3)
-    acc = tl.zeros([BLOCK_T, 32, BLOCK_K], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, ROWS_PAD, BLOCK_K], dtype=tl.float32)
     g00 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
     g22 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
@@ -194,20 +195,21 @@ def _mhc_partials_kernel(
             g12 += x1 * x2
             g13 += x1 * x3
             g23 += x2 * x3
-    # ws[t, slot, split]: slots 0-23 the dots, 24-27 the diagonal of G, 28-33 its upper half
+    # ws[t, slot, split]: slots 0..NROWS-1 the dots, then the diagonal of G (4), then its upper
+    # half (6)
     ws = ws_ptr + t3 * stride_wt + split
     tl.store(ws + r3 * stride_wk, tl.sum(acc, axis=2)[:, :, None], mask=mask_t3 & mask_r3)
-    tl.store(ws + 24 * stride_wk, tl.sum(g00, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 25 * stride_wk, tl.sum(g11, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 26 * stride_wk, tl.sum(g22, axis=2)[:, :, None], mask=mask_t3)
-    tl.store(ws + 27 * stride_wk, tl.sum(g33, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + (NROWS + 0) * stride_wk, tl.sum(g00, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + (NROWS + 1) * stride_wk, tl.sum(g11, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + (NROWS + 2) * stride_wk, tl.sum(g22, axis=2)[:, :, None], mask=mask_t3)
+    tl.store(ws + (NROWS + 3) * stride_wk, tl.sum(g33, axis=2)[:, :, None], mask=mask_t3)
     if GRAM:
-        tl.store(ws + 28 * stride_wk, tl.sum(g01, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 29 * stride_wk, tl.sum(g02, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 30 * stride_wk, tl.sum(g03, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 31 * stride_wk, tl.sum(g12, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 32 * stride_wk, tl.sum(g13, axis=2)[:, :, None], mask=mask_t3)
-        tl.store(ws + 33 * stride_wk, tl.sum(g23, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 4) * stride_wk, tl.sum(g01, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 5) * stride_wk, tl.sum(g02, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 6) * stride_wk, tl.sum(g03, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 7) * stride_wk, tl.sum(g12, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 8) * stride_wk, tl.sum(g13, axis=2)[:, :, None], mask=mask_t3)
+        tl.store(ws + (NROWS + 9) * stride_wk, tl.sum(g23, axis=2)[:, :, None], mask=mask_t3)
 
 
 @triton.jit
@@ -389,19 +391,95 @@ def _sum_rows4(a, b, c, d):
     return tl.sum(a, axis=0), tl.sum(b, axis=0), tl.sum(c, axis=0), tl.sum(d, axis=0)
 
 
+@triton.jit
+def _layer_input_block(
+    x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, hblock, H, offs_s, mask_s, stride_wk,
+    rms_eps, hc_eps, norm_eps, SLOT_D: tl.constexpr, RMSNORM: tl.constexpr,
+    X_EARLY: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, VECTOR_SUMS: tl.constexpr,
+):
+    # One H-block of token t's layer input sum_i w_i x_i (then its RMSNorm), the pre weights w
+    # from the dots in slots 0-3 and the Gram sums from slot SLOT_D on: the finalize's programs
+    # but the first, and every program of the model tail's hc_head
+    offs_h = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    xr = x_ptr + t * (4 * H) + offs_h
+    # Loads that do not depend on launch 1 first (with PDL they overlap its tail). The
+    # fused boundary's x is launch 1's output: it is loaded after the wait.
+    if X_EARLY:
+        x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
+        x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
+        x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
+        x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
+    s0 = tl.load(scale_ptr)
+    b0 = tl.load(base_ptr)
+    b1 = tl.load(base_ptr + 1)
+    b2 = tl.load(base_ptr + 2)
+    b3 = tl.load(base_ptr + 3)
+    if RMSNORM:
+        nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+    if not X_EARLY:
+        x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
+        x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
+        x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
+        x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
+    if VECTOR_SUMS:
+        d0, d1, d2, d3 = _rows4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
+        p0, p1, p2, p3 = _rows4(ws, 0, stride_wk, offs_s, mask_s, 4)
+        if RMSNORM:
+            u0, u1, u2, u3 = _rows4(ws, SLOT_D + 4, stride_wk, offs_s, mask_s, 4)
+            v0, v1, v2, v3 = _rows4(ws, SLOT_D + 8, stride_wk, offs_s, mask_s, 2)
+        g00, g11, g22, g33 = _sum_rows4(d0, d1, d2, d3)
+        l0, l1, l2, l3 = _sum_rows4(p0, p1, p2, p3)
+        if RMSNORM:
+            g01, g02, g03, g12 = _sum_rows4(u0, u1, u2, u3)
+            g13, g23, unused_a, unused_b = _sum_rows4(v0, v1, v2, v3)
+    else:
+        diag = _tile4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
+        pre = _tile4(ws, 0, stride_wk, offs_s, mask_s, 4)
+        if RMSNORM:
+            gram = _tile4(ws, SLOT_D + 4, stride_wk, offs_s, mask_s, 4)
+            gram_tail = _tile4(ws, SLOT_D + 8, stride_wk, offs_s, mask_s, 2)
+        g00, g11, g22, g33 = _sum4(diag)
+        l0, l1, l2, l3 = _sum4(pre)
+        if RMSNORM:
+            g01, g02, g03, g12 = _sum4(gram)
+            g13, g23, unused_a, unused_b = _sum4(gram_tail)
+    r = _rstd_of_streams(g00, g11, g22, g33, H, rms_eps)
+    w0 = tl.sigmoid(l0 * r * s0 + b0) + hc_eps
+    w1 = tl.sigmoid(l1 * r * s0 + b1) + hc_eps
+    w2 = tl.sigmoid(l2 * r * s0 + b2) + hc_eps
+    w3 = tl.sigmoid(l3 * r * s0 + b3) + hc_eps
+    y = round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
+    if RMSNORM:
+        # sum_h y^2 = w^T G w of the fp32 y (the reference squares y rounded to x.dtype;
+        # the difference is far below the output's rounding)
+        yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
+        yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
+                     + w2 * w3 * g23)
+        rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
+        y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + t * H + offs_h, y, mask=mask_h)
+
+
 @triton.jit(do_not_specialize=["T"])  # one binary for every T of a tiling: INVARIANT_MAX_TOKENS
 def _mhc_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, post_ptr, comb_ptr, out_ptr,
     T, H, NUM_SPLITS, NUM_HBLOCKS, rms_eps, hc_eps, norm_eps, post_mult, stride_wt, stride_wk,
     SINKHORN_ITERS: tl.constexpr, RMSNORM: tl.constexpr, X_EARLY: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, FAST_MATH: tl.constexpr,
-    VECTOR_SUMS: tl.constexpr,
+    VECTOR_SUMS: tl.constexpr, HEAD: tl.constexpr, SLOT_D: tl.constexpr,
 ):
     # 1 + NUM_HBLOCKS programs per token: q = 0 writes post and comb, q >= 1 the H-block q - 1
     # of layer_input. Each reduces only the partials it needs, so no program runs the ~24
     # reductions, the Sinkhorn and a collapse one after the other.
     pid = tl.program_id(0).to(tl.int64)
-    per_token = NUM_HBLOCKS + 1
+    # HEAD (the model tail's hc_head): only the layer-input programs, no post and comb
+    if HEAD:
+        per_token = NUM_HBLOCKS
+    else:
+        per_token = NUM_HBLOCKS + 1
     # Last token first: launch 1 read x in token order, so its newest rows are still in L2.
     t = T - 1 - pid // per_token
     q = pid % per_token
@@ -410,14 +488,18 @@ def _mhc_finalize_kernel(
     ws = ws_ptr + t * stride_wt
     if PDL:  # the next boundary's partials may load their fn now: they wait for this launch
         gdc_launch_dependents()
-    if q == 0:
+    if HEAD:
+        _layer_input_block(x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, q, H, offs_s,
+                           mask_s, stride_wk, rms_eps, hc_eps, norm_eps, SLOT_D, RMSNORM,
+                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS)
+    elif q == 0:
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
         if PDL:
             gdc_wait()
         # every load issued before any reduction (a warp issues in order)
         if VECTOR_SUMS:
-            qd0, qd1, qd2, qd3 = _rows4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            qd0, qd1, qd2, qd3 = _rows4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
             qp0, qp1, qp2, qp3 = _rows4(ws, 4, stride_wk, offs_s, mask_s, 4)
             qa0, qa1, qa2, qa3 = _rows4(ws, 8, stride_wk, offs_s, mask_s, 4)
             qb0, qb1, qb2, qb3 = _rows4(ws, 12, stride_wk, offs_s, mask_s, 4)
@@ -430,7 +512,7 @@ def _mhc_finalize_kernel(
             m20, m21, m22, m23 = _sum_rows4(qe0, qe1, qe2, qe3)
             m30, m31, m32, m33 = _sum_rows4(qh0, qh1, qh2, qh3)
         else:
-            diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
+            diag = _tile4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
             post = _tile4(ws, 4, stride_wk, offs_s, mask_s, 4)
             row0 = _tile4(ws, 8, stride_wk, offs_s, mask_s, 4)
             row1 = _tile4(ws, 12, stride_wk, offs_s, mask_s, 4)
@@ -509,68 +591,9 @@ def _mhc_finalize_kernel(
         _store4(cp + 8, c20, c21, c22, c23)
         _store4(cp + 12, c30, c31, c32, c33)
     else:
-        offs_h = (q - 1) * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask_h = offs_h < H
-        xr = x_ptr + t * (4 * H) + offs_h
-        # Loads that do not depend on launch 1 first (with PDL they overlap its tail). The
-        # fused boundary's x is launch 1's output: it is loaded after the wait.
-        if X_EARLY:
-            x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-            x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
-            x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
-            x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
-        s0 = tl.load(scale_ptr)
-        b0 = tl.load(base_ptr)
-        b1 = tl.load(base_ptr + 1)
-        b2 = tl.load(base_ptr + 2)
-        b3 = tl.load(base_ptr + 3)
-        if RMSNORM:
-            nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_wait()
-        if not X_EARLY:
-            x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-            x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
-            x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
-            x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
-        if VECTOR_SUMS:
-            d0, d1, d2, d3 = _rows4(ws, 24, stride_wk, offs_s, mask_s, 4)
-            p0, p1, p2, p3 = _rows4(ws, 0, stride_wk, offs_s, mask_s, 4)
-            if RMSNORM:
-                u0, u1, u2, u3 = _rows4(ws, 28, stride_wk, offs_s, mask_s, 4)
-                v0, v1, v2, v3 = _rows4(ws, 32, stride_wk, offs_s, mask_s, 2)
-            g00, g11, g22, g33 = _sum_rows4(d0, d1, d2, d3)
-            l0, l1, l2, l3 = _sum_rows4(p0, p1, p2, p3)
-            if RMSNORM:
-                g01, g02, g03, g12 = _sum_rows4(u0, u1, u2, u3)
-                g13, g23, unused_a, unused_b = _sum_rows4(v0, v1, v2, v3)
-        else:
-            diag = _tile4(ws, 24, stride_wk, offs_s, mask_s, 4)
-            pre = _tile4(ws, 0, stride_wk, offs_s, mask_s, 4)
-            if RMSNORM:
-                gram = _tile4(ws, 28, stride_wk, offs_s, mask_s, 4)
-                gram_tail = _tile4(ws, 32, stride_wk, offs_s, mask_s, 2)
-            g00, g11, g22, g33 = _sum4(diag)
-            l0, l1, l2, l3 = _sum4(pre)
-            if RMSNORM:
-                g01, g02, g03, g12 = _sum4(gram)
-                # (not '_': the Sinkhorn's loop variable in the other branch is an int)
-                g13, g23, unused_a, unused_b = _sum4(gram_tail)
-        r = _rstd_of_streams(g00, g11, g22, g33, H, rms_eps)
-        w0 = tl.sigmoid(l0 * r * s0 + b0) + hc_eps
-        w1 = tl.sigmoid(l1 * r * s0 + b1) + hc_eps
-        w2 = tl.sigmoid(l2 * r * s0 + b2) + hc_eps
-        w3 = tl.sigmoid(l3 * r * s0 + b3) + hc_eps
-        y = round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
-        if RMSNORM:
-            # sum_h y^2 = w^T G w of the fp32 y (the reference squares y rounded to x.dtype;
-            # the difference is far below the output's rounding)
-            yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
-            yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
-                         + w2 * w3 * g23)
-            rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
-            y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + t * H + offs_h, y, mask=mask_h)
+        _layer_input_block(x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, q - 1, H, offs_s,
+                           mask_s, stride_wk, rms_eps, hc_eps, norm_eps, SLOT_D, RMSNORM,
+                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS)
 
 
 @triton.jit
@@ -721,14 +744,18 @@ _DIRECT: dict = {}  # key -> (partials, finalize) direct launches
 
 
 def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out, rms_eps, hc_eps,
-                  norm_eps, post_mult, sinkhorn_iters, cfg: _Config, boundary=None) -> None:
+                  norm_eps, post_mult, sinkhorn_iters, cfg: _Config, boundary=None,
+                  head: bool = False) -> None:
     """Launch 1 then the finalize; ``boundary = (f, residual, post, comb)`` makes launch 1 form
-    ``x`` (the new residual, written into ``x``) from the previous layer's post first."""
+    ``x`` (the new residual, written into ``x``) from the previous layer's post first. ``head``:
+    ``fn`` is hc_head's 4 rows and the finalize writes only ``out`` (``post_out``, ``comb_out``
+    unused)."""
     T, _, H = x.shape
     device_index = x.get_device()
     rmsnorm = norm_weight is not None
     weight = norm_weight if rmsnorm else hc_base  # a valid pointer, unused without the norm
-    ws = WORKSPACES.get(x, (T, 34 if rmsnorm else 28, cfg.num_splits), device_index)
+    nrows = HC if head else NMIX
+    ws = WORKSPACES.get(x, (T, nrows + (10 if rmsnorm else 4), cfg.num_splits), device_index)
     if boundary is None:
         src, f, post_in, comb_in = x, x, hc_scale, hc_scale  # unused pointers: POST is off
     else:
@@ -738,8 +765,8 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     p2 = (p1[4], p1[6], hc_scale.data_ptr(), hc_base.data_ptr(), weight.data_ptr(),
           post_out.data_ptr(), comb_out.data_ptr(), out.data_ptr())
     # one key for both kernels: everything either binds or specialises on
-    key = (T, H, x.dtype, f.dtype, weight.dtype, rmsnorm, boundary is None, device_index, cfg,
-           rms_eps, hc_eps, norm_eps, post_mult, sinkhorn_iters, alignment_key(*p1, *p2))
+    key = (T, H, x.dtype, f.dtype, weight.dtype, rmsnorm, boundary is None, head, device_index,
+           cfg, rms_eps, hc_eps, norm_eps, post_mult, sinkhorn_iters, alignment_key(*p1, *p2))
     direct = _DIRECT.get(key) if LaunchCache.enabled else None
     if direct is not None:
         direct[0](*p1)
@@ -753,17 +780,19 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
                    "BLOCK_K": cfg.block_k}
     partials_cache = _PARTIALS_MMA if cfg.mma else _PARTIALS
     if not cfg.mma:
-        constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait)
+        constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait,
+                           NROWS=nrows, ROWS_PAD=32 if nrows > 4 else 4)
     partials_cache.launch(key, grid1, args1, constexprs1, cfg.partials_warps,
                           launch_pdl=cfg.wait)
     num_hblocks = triton.cdiv(H, cfg.block_h)
     _FINALIZE.launch(
-        key, (T * (num_hblocks + 1), 1, 1),
+        key, (T * (num_hblocks + (0 if head else 1)), 1, 1),
         (x, ws, hc_scale, hc_base, weight, post_out, comb_out, out, T, H, cfg.num_splits,
          num_hblocks, rms_eps, hc_eps, norm_eps, post_mult, ws.stride(0), ws.stride(1)),
         {"SINKHORN_ITERS": sinkhorn_iters, "RMSNORM": rmsnorm, "X_EARLY": boundary is None,
          "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
-         "PDL": cfg.pdl, "FAST_MATH": fast_math(x), "VECTOR_SUMS": cfg.vector_sums},
+         "PDL": cfg.pdl, "FAST_MATH": fast_math(x), "VECTOR_SUMS": cfg.vector_sums,
+         "HEAD": head, "SLOT_D": nrows},
         cfg.finalize_warps, launch_pdl=cfg.pdl,
     )
     partials, finalize = partials_cache.get(key), _FINALIZE.get(key)
@@ -827,6 +856,29 @@ def mhc_post_pre_triton(
     _pre_launches(new, fn, hc_scale, hc_base, norm_weight, post2, comb2, out, rms_eps, hc_eps,
                   norm_eps, post_mult, sinkhorn_iters, cfg, boundary=(f, residual, post, comb))
     return new, post2, comb2, out
+
+
+def mhc_post_head_triton(
+    f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+    hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, norm_eps: float,
+    hc_eps: float, norm_weight: torch.Tensor | None = None, final_norm_eps: float = 0.0,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None, **overrides,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model tail in 2 launches: the last layer's hc_post, then hc_head (then the final
+    RMSNorm with ``norm_weight``) of the new streams -> ``(residual' [T, 4, H], hidden [T, H])``,
+    allocated or given as ``out``. Launch 1 is the boundary's partials over hc_head's 4 rows of
+    ``hc_fn`` (the new streams formed, rounded and stored on the way); launch 2 the finalize's
+    layer-input programs alone. The partials stay on CUDA cores at every T (the tensor-core
+    kernel holds the boundary's 24 rows)."""
+    T, hc, H = residual.shape
+    assert hc == HC and T > 0 and residual.is_contiguous() and hc_fn.is_contiguous()
+    cfg = _plan(T, H, residual.get_device(), mma=False, **overrides)
+    new, hidden = (torch.empty_like(residual), residual.new_empty((T, H))) if out is None else out
+    # post_out and comb_out are not written with head=True: hidden stands in as a valid pointer
+    _pre_launches(new, hc_fn, hc_scale, hc_base, norm_weight, hidden, hidden, hidden, norm_eps,
+                  hc_eps, final_norm_eps, 2.0, 1, cfg, boundary=(f, residual, post, comb),
+                  head=True)
+    return new, hidden
 
 
 def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,

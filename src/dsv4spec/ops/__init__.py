@@ -27,3 +27,7 @@ from dsv4spec.ops.mhc import (  # noqa: E402, F401
     mhc_pre,
     mhc_pre_reference,
 )
+from dsv4spec.ops.mhc_post_head import (  # noqa: E402, F401
+    mhc_post_head,
+    mhc_post_head_reference,
+)
