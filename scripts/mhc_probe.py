@@ -57,7 +57,8 @@ def partials_call(x, fn, ws, cfg, T, warps=None):
     args = (x, x, fn, fn, x, fn, ws, T, H, cfg.num_splits, fn.stride(0), ws.stride(0),
             ws.stride(1))
     kw = dict(POST=False, GRAM=True, CHUNKS_PER_SPLIT=cfg.chunks_per_split, BLOCK_T=cfg.block_t,
-              BLOCK_K=cfg.block_k, PDL=False, num_warps=warps or cfg.partials_warps)
+              BLOCK_K=cfg.block_k, PDL=False, PREFETCH_FN=False, WAIT=False, NROWS=K.NMIX,
+              ROWS_PAD=32, num_warps=warps or cfg.partials_warps)
     compiled = K.JIT_KERNELS['partials'][grid](*args, **kw)
     return (lambda: K.JIT_KERNELS['partials'][grid](*args, **kw)), compiled
 
@@ -72,7 +73,8 @@ def finalize_call(x, ws, sc, base, nw, outs, cfg, T, iters=20, nh=None, block_h=
             2.0, ws.stride(0), ws.stride(1))
     kw = dict(SINKHORN_ITERS=iters, RMSNORM=True, X_EARLY=True,
               BLOCK_S=triton.next_power_of_2(cfg.num_splits), BLOCK_H=block_h, PDL=False,
-              FAST_MATH=fast, num_warps=warps)
+              FAST_MATH=fast, VECTOR_SUMS=cfg.vector_sums, HEAD=False, SLOT_D=K.NMIX,
+              num_warps=warps)
     compiled = K.JIT_KERNELS['finalize'][grid](*args, **kw)
     return (lambda: K.JIT_KERNELS['finalize'][grid](*args, **kw)), compiled
 
