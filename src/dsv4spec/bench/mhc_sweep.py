@@ -1,7 +1,8 @@
 """The mHC kernels' tilings and paths timed whole, in a CUDA graph, each checked first: the fused
 boundary and ``mhc_pre`` at decode sizes over the partials' dependent launch with fn loaded
 before the wait, the finalize's split sums, splits and warps; the tensor-core partials at prefill
-sizes; ``mhc_post`` over H-blocks, warps and its dependent launch. The defaults of
+sizes; ``mhc_post`` over H-blocks, warps and its dependent launch; the model tail
+``mhc_post_head`` (2 launches) beside ``mhc_post`` then ``hc_head_rmsnorm`` (3). The defaults of
 ``dsv4spec.kernels.mhc`` cite the file this writes.
 
     dsv4spec bench mhc-sweep --out DIR [--quick]
@@ -22,7 +23,15 @@ import torch
 from dsv4spec.bench import common
 from dsv4spec.bench.mhc import HC_EPS, NORM_EPS, POST_MULT, RMS_EPS, SINKHORN_ITERS, make_inputs
 from dsv4spec.kernels import mhc as K
-from dsv4spec.ops import mhc_post_pre_reference, mhc_post_reference, mhc_pre_reference
+from dsv4spec.ops import (
+    hc_head_rmsnorm,
+    mhc_post,
+    mhc_post_head,
+    mhc_post_head_reference,
+    mhc_post_pre_reference,
+    mhc_post_reference,
+    mhc_pre_reference,
+)
 
 DECODE_VARIANTS = {
     "default": {},
@@ -50,6 +59,33 @@ PREFILL_VARIANTS = {
     "mma t16 k32 w4 s4": {"mma": True, "block_t": 16, "block_k": 32, "warps": (4, 1),
                           "num_splits": 4},
 }
+# the model tail: the fused op, and the sequence it replaces (the baseline)
+TAIL_BASELINE = "post then hc_head_rmsnorm"
+
+
+def tail_calls(inp: dict) -> dict:
+    """The last layer's post then hc_head and the final norm, fused and as the sequence, on
+    ``make_inputs``' tensors (hc_head's parameters: 4 rows of ``fn`` and of ``base``)."""
+    f, x, post, comb = (inp[k] for k in ("f", "residual", "post", "comb"))
+    nw = inp["norm_weight"].float()  # hc_head_rmsnorm takes an fp32 weight
+    hc_fn, scale, base = inp["fn"][:4].contiguous(), inp["scale"][:1], inp["base"][:4]
+    eps = {"norm_eps": RMS_EPS, "hc_eps": HC_EPS}
+
+    def fused():
+        return mhc_post_head(f, x, post, comb, hc_fn, scale, base, **eps, norm_weight=nw,
+                             final_norm_eps=RMS_EPS)
+
+    def sequence():
+        new = mhc_post(f, x, post, comb)
+        return new, hc_head_rmsnorm(new, hc_fn, scale, base, nw, **eps)
+
+    def reference():
+        return mhc_post_head_reference(f, x, post, comb, hc_fn, scale, base, **eps,
+                                       norm_weight=nw, final_norm_eps=RMS_EPS)
+
+    return {"fused tail": fused, TAIL_BASELINE: sequence, "reference": reference}
+
+
 POST_VARIANTS = {f"h{h} w{w}{' pdl' if pdl else ''}": {"block_h": h, "num_warps": w, "pdl": pdl}
                  for pdl in (False, True) for h in (256, 512, 1024) for w in (2, 4)}
 
@@ -102,7 +138,8 @@ def _best(rows: list[dict]) -> list[dict]:
         if not ok:
             continue
         top = min(ok, key=lambda r: r["graph_us"])
-        default = next((r for r in rs if r["variant"] in ("default", "cuda cores", "h256 w4")
+        default = next((r for r in rs if r["variant"] in ("default", "cuda cores", "h256 w4",
+                                                           TAIL_BASELINE)
                         and "graph_us" in r), None)
         best.append({"op": op, "H": H, "T": T, "best": top["variant"], "best_us": top["graph_us"],
                      "default_us": default and default["graph_us"]})
@@ -121,8 +158,9 @@ def main(args: argparse.Namespace) -> int:
     decode = [(7168, T) for T in (1, 2, 4, 8, 16, 32)] + [(4096, T) for T in (1, 4, 16)]
     prefill = [(7168, T) for T in (64, 256, 1024, 4096)] + [(4096, T) for T in (64, 1024)]
     post = [(7168, T) for T in (1, 4, 16, 32, 64, 256)]
+    tail = [(7168, T) for T in (1, 4, 16, 64, 256, 1024)] + [(4096, T) for T in (1, 16)]
     if args.quick:
-        decode, prefill, post = decode[:3:2], prefill[:2], post[:2]
+        decode, prefill, post, tail = decode[:3:2], prefill[:2], post[:2], tail[:2]
     start = time.perf_counter()
     record = {"environment": common.environment(), "rows": []}
     rows = record["rows"]
@@ -152,6 +190,13 @@ def main(args: argparse.Namespace) -> int:
                                          **kw)
 
             rows.append(_point(name, "post", H, T, call, ref, rep_ms))
+        save()
+    for H, T in tail:
+        inp = make_inputs(T, H, seed=1000 * H + T)
+        calls = tail_calls(inp)
+        ref = calls.pop("reference")()
+        for name, call in calls.items():
+            rows.append(_point(name, "tail", H, T, call, ref, rep_ms))
         save()
     for b in record["best"]:
         print(f"{b['op']:>8} H={b['H']} T={b['T']:>4}: best {b['best']:<24} {b['best_us']:8.2f} "
