@@ -472,8 +472,9 @@ def _mhc_finalize_kernel(
     VECTOR_SUMS: tl.constexpr, HEAD: tl.constexpr, SLOT_D: tl.constexpr,
 ):
     # 1 + NUM_HBLOCKS programs per token: q = 0 writes post and comb, q >= 1 the H-block q - 1
-    # of layer_input. Each reduces only the partials it needs, so no program runs the ~24
-    # reductions, the Sinkhorn and a collapse one after the other.
+    # of layer_input (with HEAD, NUM_HBLOCKS: the H-block q). Each reduces only the partials it
+    # needs, so no program runs the ~24 reductions, the Sinkhorn and a collapse one after the
+    # other.
     pid = tl.program_id(0).to(tl.int64)
     # HEAD (the model tail's hc_head): only the layer-input programs, no post and comb
     if HEAD:
