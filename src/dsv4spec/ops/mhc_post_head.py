@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from dsv4spec.kernels.mhc import mhc_post_head_triton
-from dsv4spec.ops.hc_head import hc_head_reference
+from dsv4spec.ops.hc_head import check_hc_head_inputs, hc_head_reference
 from dsv4spec.ops.mhc import (
     _check_float,
     _check_impl,
@@ -38,21 +38,20 @@ def mhc_post_head_reference(
 
 def _check_head(residual, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight,
                 final_norm_eps, impl) -> None:
-    _, hc, H = residual.shape
-    dev, f32 = residual.device, (torch.float32,)
-    _check_tensor("hc_fn", hc_fn, (hc, hc * H), f32, dev)
-    _check_tensor("hc_scale", hc_scale, (1,), f32, dev)
-    _check_tensor("hc_base", hc_base, (hc,), f32, dev)
-    _check_float("norm_eps", norm_eps)
-    _check_float("hc_eps", hc_eps)
+    # hc_head's parameters and epsilons through hc_head's own check (impl is this op's, checked
+    # below), then the final norm's
+    check_hc_head_inputs(residual, hc_fn, hc_scale, hc_base, None, norm_eps, hc_eps, "auto")
     if norm_weight is not None:
-        _check_tensor("norm_weight", norm_weight, (H,), (torch.float32, residual.dtype), dev)
+        H = residual.shape[2]
+        _check_tensor("norm_weight", norm_weight, (H,), (torch.float32, residual.dtype),
+                      residual.device)
         if final_norm_eps is None:
             raise ValueError("final_norm_eps must be given with norm_weight")
         _check_float("final_norm_eps", final_norm_eps)
     elif final_norm_eps is not None:
         _check_float("final_norm_eps", final_norm_eps)
-    _check_impl(impl, residual)
+    if impl != "auto":
+        _check_impl(impl, residual)
 
 
 @torch.library.custom_op("dsv4spec::mhc_post_head", mutates_args=())
