@@ -46,3 +46,27 @@ def test_no_token_count_past_precompile_max_tokens_needs_a_new_variant(h200):
     args = (7168, 0, False, torch.bfloat16)
     assert (variant_tokens(*args, PRECOMPILE_MAX_TOKENS)
             == variant_tokens(*args, 2 * PRECOMPILE_MAX_TOKENS))
+
+
+def test_one_tiling_and_one_binary_up_to_the_invariance_bound(h200):
+    """What the GPU batch-invariance test of hc_head rests on, checked without a GPU: every T up
+    to the bound gets the same tiling and warps, and T is not a specialisation key (1 and
+    multiples of 16 would otherwise compile their own binaries)."""
+    from dsv4spec.kernels import hc_head as K
+
+    assert planner.INVARIANT_MAX_TOKENS >= 4  # one request's decode and verify of 3 drafts
+    for rmsnorm in (False, True):
+        for H in (4096, 7168):
+            def plan(T):
+                cfg, _, warps = planner._plan.__wrapped__(T, H, 0, rmsnorm, None, None, None,
+                                                          dtype=torch.bfloat16)
+                return cfg, warps
+
+            plans = {plan(T) for T in range(1, planner.INVARIANT_MAX_TOKENS + 1)}
+            assert len(plans) == 1, plans
+    for kernel in (K._hc_head_partials_kernel, K._hc_head_finalize_kernel):
+        # a JITFunction, or under TRITON_INTERPRET=1 an InterpretedFunction keeping jit's kwargs
+        options = getattr(kernel, "kwargs", None) or {"do_not_specialize": kernel.do_not_specialize}
+        assert list(options["do_not_specialize"]) == ["T"]
+    args = (7168, 0, False, torch.bfloat16)
+    assert variant_tokens(*args, planner.INVARIANT_MAX_TOKENS) == [1]  # one compiled variant

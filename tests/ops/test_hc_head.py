@@ -431,6 +431,30 @@ def test_gpu_cuda_graph_replay(H, impl, rmsnorm):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rmsnorm", [False, True], ids=["hc_head", "hc_head+rmsnorm"])
+@pytest.mark.parametrize("H", GPU_WIDTHS)
+def test_gpu_a_token_alone_equals_the_same_token_in_a_batch(H, rmsnorm):
+    """Batch invariance up to INVARIANT_MAX_TOKENS: the draft's and the target's hc_head give a
+    token the same bits alone (decode) as inside the verify of its drafts, or speculative
+    decoding in bf16 parts from greedy decoding (benchmarks/results/hc_head/batch_invariance.json
+    measured per-T tilings parting)."""
+    from dsv4spec.kernels.hc_head_plan import INVARIANT_MAX_TOKENS as T
+    x, fn, sc, base, nw = make_inputs(T, H, torch.bfloat16, "cuda", seed=H)
+
+    def head(i, n):  # tokens i .. i + n - 1
+        rows = x[i:i + n].contiguous()
+        if rmsnorm:
+            return hc_head_rmsnorm(rows, fn, sc, base, nw, **EPS, impl="triton")
+        return hc_head(rows, fn, sc, base, **EPS, impl="triton")
+
+    alone = [head(i, 1) for i in range(T)]
+    for n in range(2, T + 1):
+        batch = head(0, n)
+        for i in range(n):
+            assert torch.equal(alone[i][0], batch[i]), (n, i)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [4, 256])
 def test_gpu_kernels_per_call(T):
     from dsv4spec.bench.common import count_kernels

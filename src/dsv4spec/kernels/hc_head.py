@@ -77,7 +77,7 @@ def _store_total(ws, acc, mask_t, ACC_2D: tl.constexpr):
         tl.store(ws, acc, mask=mask_t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T: INVARIANT_MAX_TOKENS
 def _hc_head_partials_kernel(
     x_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS,
@@ -228,7 +228,7 @@ def _load_f32(ptrs, mask, POLICY: tl.constexpr):
     return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T: INVARIANT_MAX_TOKENS
 def _hc_head_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
     T, H, NUM_SPLITS, NUM_HBLOCKS, norm_eps, hc_eps,

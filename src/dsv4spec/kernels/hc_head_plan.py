@@ -61,6 +61,12 @@ MMA_MIN_ELEMENTS = 256 * 7168
 # it was faster in a graph; from T = 64 on it was slower as often as faster, and slower with the
 # RMSNorm (benchmarks/results/archive/hc_head_ab/ab_hc_head_all_t.json, ab_hc_head_final.json).
 PDL_MAX_TOKENS = 16
+# Up to this many tokens one tiling (4-token blocks) and, T not specialised in either kernel, one
+# compiled partials and finalize: a token then gets the same bits alone as in a batch (a decode
+# step and the verify of its drafts agree), as for the mHC ops (kernels/mhc.py). With 1- and
+# 2-token blocks at T = 1 and 2 the partials' sums over h ran on other lanes than at T = 3-4
+# (benchmarks/results/hc_head/batch_invariance.json).
+INVARIANT_MAX_TOKENS = 4
 
 
 def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
@@ -98,7 +104,8 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
     if partials_2d is None:
         partials_2d = False
     if block_t is None:
-        block_t = 4 if partials_2d else min(triton.next_power_of_2(T), 8)
+        block_t = 4 if partials_2d or T <= INVARIANT_MAX_TOKENS else min(
+            triton.next_power_of_2(T), 8)
     if block_k is None:
         block_k = 64 if T <= 4 or partials_2d else 128 if T <= 32 else 256
     n_chunks = triton.cdiv(H, block_k)

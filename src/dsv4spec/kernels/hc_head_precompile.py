@@ -22,7 +22,8 @@ from dsv4spec.kernels.hc_head import (
 from dsv4spec.kernels.hc_head_plan import _plan
 
 # Triton compiles one variant per constexpr set and per specialisation of the integer arguments
-# (== 1, divisible by 16); hc_head_triton's plan depends on T, so a new T can need a new variant.
+# (== 1, divisible by 16; T is exempt); hc_head_triton's plan depends on T, so a new T can need a
+# new variant.
 # At T above this every call compiles what some T below it did (tests/kernels/test_hc_head_plan.py
 # checks up to twice this), so compiling the variants up to it leaves nothing to compile for any T.
 PRECOMPILE_MAX_TOKENS = 16384
@@ -65,8 +66,13 @@ def _variant(launch) -> tuple:
     """What Triton compiles a launch into: kernel, constexprs, options, and the
     specialisation (== 1, divisible by 16) of each integer argument."""
     cache, _, args, constexprs, options = launch
-    ints = tuple((a == 1, a % 16 == 0) for a in args if type(a) is int)
-    return cache.kernel, tuple(constexprs.items()), tuple(options.items()), ints
+    kernel = cache.kernel
+    # a JITFunction, or under TRITON_INTERPRET=1 an InterpretedFunction keeping jit's kwargs
+    fixed = set(getattr(kernel, "kwargs", None) and kernel.kwargs.get("do_not_specialize") or
+                getattr(kernel, "do_not_specialize", None) or ())
+    ints = tuple((a == 1, a % 16 == 0) for name, a in zip(kernel.arg_names, args)
+                 if type(a) is int and name not in fixed)
+    return kernel, tuple(constexprs.items()), tuple(options.items()), ints
 
 
 def variant_tokens(H: int, device_index: int, rmsnorm: bool, dtype: torch.dtype,
