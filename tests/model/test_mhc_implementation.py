@@ -86,3 +86,27 @@ def test_a_wrong_implementation_changes_the_output(model):
         set_on_every_layer(model, None)
     for a, b in zip(wrong, default):
         assert (a - b).norm() / b.norm() > 1e-2
+
+
+def test_our_fused_ops_end_the_model_with_the_fused_tail(model, monkeypatch):
+    """With our fused ops serving the layers, the target's and the MTP block's last post,
+    hc_head and final norm are one mhc_post_head call each (fused_tail), and give the logits of
+    the separate post, hc_head and norm; off, the tail is never called."""
+    from dsv4spec.model import model as model_module
+
+    calls = []
+    real = model_module.mhc_post_head
+    monkeypatch.setattr(model_module, "mhc_post_head",
+                        lambda *a, **kw: calls.append(kw["norm_weight"]) or real(*a, **kw))
+    try:
+        set_on_every_layer(model, FusedMhcOps)
+        fused = forward_and_draft(model)
+        assert [id(w) for w in calls] == [id(model.norm.weight), id(model.mtp[0].norm.weight)]
+        monkeypatch.setattr(Transformer, "fused_tail", False)
+        separate = forward_and_draft(model)
+        assert len(calls) == 2
+    finally:
+        set_on_every_layer(model, None)
+    for a, b in zip(fused, separate):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)

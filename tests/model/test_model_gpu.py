@@ -82,3 +82,38 @@ def test_gpu_fused_mhc_ops_match_hc_pre_and_hc_post(dtype, tol):
     assert torch.isfinite(fused).all()
     assert (fused - plain).norm() / plain.norm() < tol
     assert fused_kernels < plain_kernels
+
+
+@pytest.mark.gpu
+def test_gpu_fused_tail_matches_the_separate_post_hc_head_and_norm():
+    # The target's last post, hc_head and final norm as one mhc_post_head (2 launches) give the
+    # separate ops' logits to bf16 rounding, with fewer kernels per step.
+    from dsv4spec.model.build import build_model
+    from dsv4spec.model.model import Transformer
+    from dsv4spec.timing import count_kernels
+
+    model = build_model("flash-shape", device="cuda", dtype=torch.bfloat16)
+    bs, W, context = 2, 4, 40
+    state = model.new_state(num_slots=bs, max_seq_len=64, max_num_draft_tokens=4)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    slots = torch.arange(bs, device="cuda")
+    zeros = torch.zeros(bs, dtype=torch.long, device="cuda")
+    prompt = torch.randint(0, model.cfg.vocab_size, (bs, context), device="cuda", generator=g)
+    model(prompt, state, slots, zeros, zeros + context)
+    toks = torch.randint(0, model.cfg.vocab_size, (bs, W), device="cuda", generator=g)
+
+    def step():
+        logits, streams = model(toks, state, slots, zeros + context, zeros + W)
+        return logits.float(), streams
+
+    try:
+        Transformer.fused_tail = False
+        (separate, separate_streams), separate_kernels = step(), count_kernels(step)
+        Transformer.fused_tail = True
+        (fused, fused_streams), fused_kernels = step(), count_kernels(step)
+    finally:
+        Transformer.fused_tail = True
+    assert torch.isfinite(fused).all()
+    assert torch.equal(fused_streams, separate_streams)  # the post's bits, as mhc_post's
+    assert (fused - separate).norm() / separate.norm() < 1e-2
+    assert fused_kernels < separate_kernels, (fused_kernels, separate_kernels)

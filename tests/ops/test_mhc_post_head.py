@@ -4,7 +4,7 @@ a float64 reference and against mhc_post then hc_head, poisoned outputs, bad inp
 import pytest
 import torch
 
-from dsv4spec.kernels.mhc import mhc_post_head_triton
+from dsv4spec.kernels.mhc import TAIL_FUSED_MAX_TOKENS, mhc_post_head_triton
 from dsv4spec.ops import (
     hc_head_reference,
     mhc_post,
@@ -37,18 +37,26 @@ def tail_inputs(T, H, dtype, device="cpu", seed=0):
 
 
 def float64_tail(f, x, post, comb, hc_fn, hc_scale, hc_base, nw, norm_eps, hc_eps, final_eps):
-    """Written out in float64 apart from the ops: the new streams rounded to x.dtype, then the
-    hidden state of those, rounded, then its RMSNorm, rounded."""
+    """Written out in float64 apart from the ops: the new streams rounded to x.dtype, then
+    :func:`float64_head` of those."""
     new = mhc_post_reference(f, x, post, comb)
+    return new, float64_head(new, hc_fn, hc_scale, hc_base, nw, norm_eps, hc_eps, final_eps)
+
+
+def float64_head(new, hc_fn, hc_scale, hc_base, nw, norm_eps, hc_eps, final_eps):
+    """The hidden state of the streams ``new`` in float64, rounded to their dtype, then its
+    RMSNorm, rounded. The hidden state is checked against this of the op's own streams (checked
+    to 1 ulp on their own): a stream value one ulp off at a rounding tie moves a hidden value
+    that cancels across the 4 streams by many of its ulps."""
     T, hc, H = new.shape
     xd = new.double().reshape(T, hc * H)
     r = torch.rsqrt(xd.square().mean(-1, keepdim=True) + norm_eps)
     w = torch.sigmoid((xd @ hc_fn.double().T) * r * hc_scale.double() + hc_base.double()) + hc_eps
     y = (w.unsqueeze(-1) * xd.view(T, hc, H)).sum(1)
     if nw is not None:
-        y = y.to(x.dtype).double()
+        y = y.to(new.dtype).double()
         y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + final_eps) * nw.double()
-    return new, y.to(x.dtype)
+    return y.to(new.dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -62,6 +70,8 @@ def test_triton_matches_float64(T, H, dtype, norm):
     ref_new, ref_y = float64_tail(f, x, post, comb, hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6)
     assert new.dtype == y.dtype == dtype
     assert_close(new, ref_new, dtype, what="residual'")
+    if dtype is not torch.float32:
+        ref_y = float64_head(new, hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6)
     assert_close(y, ref_y, dtype, 2 if norm else 1, what="hidden")
 
 
@@ -91,6 +101,32 @@ def test_streams_are_mhc_posts_bit_for_bit():
     new, _ = mhc_post_head(f, x, post, comb, hc_fn, sc, base, **HEAD_EPS, norm_weight=nw,
                            final_norm_eps=1e-6, impl="triton")
     assert torch.equal(new, mhc_post(f, x, post, comb, impl="triton"))
+
+
+@pytest.mark.parametrize("final_eps", [1e-6, 0.5], ids=["one epsilon", "own final epsilon"])
+def test_above_the_fused_bound_the_tail_is_post_then_hc_head(monkeypatch, final_eps):
+    """Above TAIL_FUSED_MAX_TOKENS the tail is mhc_post then hc_head's own launches, bit for bit,
+    into the given outputs; with a final-norm epsilon other than hc_head's it stays fused (hc_head
+    normalises with its own), and both match float64."""
+    from dsv4spec.kernels import mhc as K
+    from dsv4spec.kernels.hc_head import hc_head_triton
+
+    monkeypatch.setattr(K, "TAIL_FUSED_MAX_TOKENS", 2)  # small grids for the interpreter
+    heads = []
+    monkeypatch.setattr(K, "hc_head_triton", lambda *a, **kw: heads.append(a) or
+                        hc_head_triton(*a, **kw))
+    f, x, post, comb, hc_fn, sc, base, nw = tail_inputs(5, 40, torch.float32)
+    new, y = torch.full_like(x, float("nan")), torch.full((5, 40), float("nan"))
+    mhc_post_head_triton(f, x, post, comb, hc_fn, sc, base, 1e-6, 1e-6, nw, final_eps,
+                         out=(new, y))
+    ref_new, ref_y = float64_tail(f, x, post, comb, hc_fn, sc, base, nw, 1e-6, 1e-6, final_eps)
+    assert_close(new, ref_new, what="residual'")
+    assert_close(y, ref_y, what="hidden")
+    sequence = hc_head_triton(mhc_post(f, x, post, comb, impl="triton"), hc_fn, sc, base, 1e-6,
+                              1e-6, nw)
+    assert len(heads) == (1 if final_eps == 1e-6 else 0)
+    if heads:
+        assert torch.equal(y, sequence)
 
 
 @pytest.mark.parametrize("norm", [False, True], ids=["hc_head", "hc_head+norm"])
@@ -173,15 +209,18 @@ def test_gpu_matches_float64_in_two_launches(H, T):
                              final_norm_eps=1e-6)
 
     new, y = tail()
-    ref_new, ref_y = float64_tail(f, x, post, comb, hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6)
+    ref_new, _ = float64_tail(f, x, post, comb, hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6)
     assert_close(new, ref_new, torch.bfloat16, what="residual'")
-    assert_close(y, ref_y, torch.bfloat16, 2, what="hidden")
-    assert count_kernels(tail) == 2
+    assert_close(y, float64_head(new, hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6), torch.bfloat16, 2,
+                 what="hidden")
+    assert count_kernels(tail) == (2 if T <= TAIL_FUSED_MAX_TOKENS else 3)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = tail()
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert_close(captured[1], float64_tail(f, x, post, comb, hc_fn, sc, base, nw, 1e-6, 1e-6,
-                                           1e-6)[1], torch.bfloat16, 2, what="replayed hidden")
+    assert_close(captured[0], mhc_post_reference(f, x, post, comb), torch.bfloat16,
+                 what="replayed residual'")
+    assert_close(captured[1], float64_head(captured[0], hc_fn, sc, base, nw, 1e-6, 1e-6, 1e-6),
+                 torch.bfloat16, 2, what="replayed hidden")

@@ -26,7 +26,6 @@ from dsv4spec.kernels import mhc as K
 from dsv4spec.ops import (
     hc_head_rmsnorm,
     mhc_post,
-    mhc_post_head,
     mhc_post_head_reference,
     mhc_post_pre_reference,
     mhc_post_reference,
@@ -71,9 +70,9 @@ def tail_calls(inp: dict) -> dict:
     hc_fn, scale, base = inp["fn"][:4].contiguous(), inp["scale"][:1], inp["base"][:4]
     eps = {"norm_eps": RMS_EPS, "hc_eps": HC_EPS}
 
-    def fused():
-        return mhc_post_head(f, x, post, comb, hc_fn, scale, base, **eps, norm_weight=nw,
-                             final_norm_eps=RMS_EPS)
+    def fused():  # the 2 launches at every T (the op's default is the sequence above a bound)
+        return K.mhc_post_head_triton(f, x, post, comb, hc_fn, scale, base, RMS_EPS, HC_EPS, nw,
+                                      RMS_EPS, fused=True)
 
     def sequence():
         new = mhc_post(f, x, post, comb)

@@ -19,6 +19,9 @@ goes, launch by launch: docs/design.md (mHC) and benchmarks/results/mhc/mhc_prob
 the new residual ``x'_j = post_j f + sum_i comb[i, j] x_i``, rounds it to the stream dtype, stores
 it and accumulates the partials from those rounded values (what a separate post then pre sees).
 ``mhc_post`` alone is one launch over (tokens, H-blocks), elementwise with 20 scalar weights.
+The model tail (``mhc_post_head_triton``: the last layer's post, hc_head and the final norm) is
+the boundary's 2 launches over hc_head's 4 rows up to ``TAIL_FUSED_MAX_TOKENS``, and
+``mhc_post`` then hc_head's own launches above.
 
 Batch invariance: up to ``INVARIANT_MAX_TOKENS`` tokens one tiling, and T not specialised, so a
 token gets the same bits alone (decode) as inside the verify of its drafts; above, the tiling
@@ -51,6 +54,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevic
 
 from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, store_token_grams, supports_pdl
+from dsv4spec.kernels.hc_head import hc_head_triton
 from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -72,6 +76,10 @@ POST_PDL = True
 # other bits than alone; one tiling gave none, at +0.5 us at T = 1 and no cost at 2-4
 # (benchmarks/results/mhc/batch_invariance.json).
 INVARIANT_MAX_TOKENS = 4
+# The model tail (mhc_post_head_triton) fused up to this many tokens; above, mhc_post then
+# hc_head's own launches: at H = 7168 the fused 2 launches were 1.3-3.5 us faster at 1-192
+# tokens and 0.9 us slower at 256, 30 us at 1024 (benchmarks/results/mhc/mhc_post_head.json)
+TAIL_FUSED_MAX_TOKENS = 192
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
@@ -863,18 +871,29 @@ def mhc_post_head_triton(
     f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
     hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, norm_eps: float,
     hc_eps: float, norm_weight: torch.Tensor | None = None, final_norm_eps: float = 0.0,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None, **overrides,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None,
+    **overrides,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model tail in 2 launches: the last layer's hc_post, then hc_head (then the final
     RMSNorm with ``norm_weight``) of the new streams -> ``(residual' [T, 4, H], hidden [T, H])``,
     allocated or given as ``out``. Launch 1 is the boundary's partials over hc_head's 4 rows of
     ``hc_fn`` (the new streams formed, rounded and stored on the way); launch 2 the finalize's
-    layer-input programs alone. The partials stay on CUDA cores at every T (the tensor-core
-    kernel holds the boundary's 24 rows)."""
+    layer-input programs alone. Above ``TAIL_FUSED_MAX_TOKENS`` tokens it is
+    ``mhc_post_triton`` then ``hc_head_triton`` (3 launches), which are faster there: the fused
+    partials stay on CUDA cores (the tensor-core kernel holds the boundary's 24 rows).
+    ``fused`` True or False forces one path (benchmarks); tiling overrides force the fused one."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0 and residual.is_contiguous() and hc_fn.is_contiguous()
-    cfg = _plan(T, H, residual.get_device(), mma=False, **overrides)
     new, hidden = (torch.empty_like(residual), residual.new_empty((T, H))) if out is None else out
+    if fused is None:
+        fused = T <= TAIL_FUSED_MAX_TOKENS or bool(overrides)
+    if not fused and (norm_weight is None or final_norm_eps == norm_eps):
+        # hc_head's own launches (tensor cores, 2-D partials) are faster here; hc_head_triton's
+        # RMSNorm takes norm_eps, hence the sequence only where both epsilons agree
+        mhc_post_triton(f, residual, post, comb, out=new)
+        hc_head_triton(new, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, out=hidden)
+        return new, hidden
+    cfg = _plan(T, H, residual.get_device(), mma=False, **overrides)
     # post_out and comb_out are not written with head=True: hidden stands in as a valid pointer
     _pre_launches(new, hc_fn, hc_scale, hc_base, norm_weight, hidden, hidden, hidden, norm_eps,
                   hc_eps, final_norm_eps, 2.0, 1, cfg, boundary=(f, residual, post, comb),

@@ -22,7 +22,7 @@ from dsv4spec.model.config import OVERLAP_RATIO, ModelConfig
 from dsv4spec.model.mhc import hc_post_captured, hc_pre_captured
 from dsv4spec.model.rope import rope_frequencies, rope_table, rotate
 from dsv4spec.ops import hc_head as hc_head_op
-from dsv4spec.ops import hc_head_reference, mhc_post, mhc_post_pre, mhc_pre
+from dsv4spec.ops import hc_head_reference, mhc_post, mhc_post_head, mhc_post_pre, mhc_pre
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -337,8 +337,13 @@ class Layer(nn.Module):
                 and self.hc_attn_fn.dtype == torch.float32
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
-    def forward(self, x: torch.Tensor, batch: Batch, state: ModelState, layer: int
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: Batch, state: ModelState, layer: int,
+                tail: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The layer's two sublayers and their boundaries: the new streams. ``tail`` (the model
+        tail, ``mhc_post_head`` bound to a head: ``Transformer._tail``) replaces the FFN's post
+        where our fused ops serve this layer, and its ``(streams, normed hidden)`` is returned
+        instead."""
         cfg = self.cfg
         ops = self.mhc_implementation
         if ops is None and self._use_mhc_ops(x):
@@ -352,6 +357,8 @@ class Layer(nn.Module):
             x, post, comb, y = ops.post_pre(f, x, post, comb, *self._hc("ffn"),
                                             norm_weight=self.ffn_norm.weight,
                                             norm_eps=float(self.ffn_norm.eps), **kw)
+            if tail is not None and ops is FusedMhcOps and x.dtype != torch.float64:
+                return tail(self.ffn(y), x, post, comb)
             return ops.post(self.ffn(y), x, post, comb)
         kw = dict(norm_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
                   sinkhorn_iters=cfg.hc_sinkhorn_iters)
@@ -394,6 +401,11 @@ class Transformer(nn.Module):
         self.mtp = nn.ModuleList(MTPBlock(cfg) for _ in range(cfg.num_nextn_predict_layers))
         self.hc_head_impl = "auto"
 
+    # Where our fused ops serve the last layer (target or MTP block) and its head's hc_head is
+    # ours (impl "auto" or "triton"), the last post, hc_head and the final norm run as one op,
+    # mhc_post_head: 2 launches where they take 3. Benchmarks set it to False to compare.
+    fused_tail: bool = True
+
     def cast(self, dtype: torch.dtype) -> Transformer:
         """Cast to ``dtype`` (bf16 to serve), keeping in float32 what DSV4 stores in float32:
         the mHC and hc_head parameters, the compressors' ``ape`` and the attention sinks."""
@@ -414,6 +426,29 @@ class Transformer(nn.Module):
             sliding_window=cfg.sliding_window, num_slots=num_slots, max_seq_len=max_seq_len,
             max_num_draft_tokens=max_num_draft_tokens, dtype=self.embed.weight.dtype,
             device=device if device is not None else self.embed.weight.device)
+
+    def _tail(self, owner: nn.Module, norm: RMSNorm, impl: str
+              ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+        """``owner``'s hc_head and ``norm`` after the last layer's post, as ``Layer.forward``'s
+        ``tail``; None where the tail is not fused."""
+        if not self.fused_tail or impl not in ("auto", "triton"):
+            return None
+        cfg = self.cfg
+        params = (owner.hc_head_fn, owner.hc_head_scale, owner.hc_head_base)
+
+        def tail(f, residual, post, comb):
+            return mhc_post_head(f, residual, post, comb, *params, norm_eps=cfg.rms_norm_eps,
+                                 hc_eps=cfg.hc_eps, norm_weight=norm.weight,
+                                 final_norm_eps=norm.eps)
+        return tail
+
+    def _logits(self, out: torch.Tensor | tuple[torch.Tensor, torch.Tensor], owner: nn.Module,
+                norm: RMSNorm, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, streams) from the last layer's output: the streams, or the fused tail's
+        (streams, normed hidden)."""
+        if isinstance(out, tuple):
+            return self.head(out[1]), out[0]
+        return self._head(out, owner, norm, impl), out
 
     def _head(self, x: torch.Tensor, owner: nn.Module, norm: RMSNorm, impl: str) -> torch.Tensor:
         cfg = self.cfg
@@ -438,9 +473,11 @@ class Transformer(nn.Module):
         batch = Batch(slots, starts, lengths, n, state.num_slots, max_end)
         hc = self.cfg.hc_mult
         x = self.embed(tokens).view(B * n, 1, -1).expand(-1, hc, -1).contiguous()
+        tail = self._tail(self, self.norm, self.hc_head_impl)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, state, i)
-        logits = self._head(x, self, self.norm, self.hc_head_impl)
+            x = layer(x, batch, state, i, tail if i == last else None)
+        logits, x = self._logits(x, self, self.norm, self.hc_head_impl)
         return logits.view(B, n, -1), x.view(B, n, -1)
 
     def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, state: ModelState,
@@ -456,8 +493,10 @@ class Transformer(nn.Module):
         batch = Batch(slots, starts, lengths, n, state.num_slots)
         e = mtp.e_proj(mtp.enorm(self.embed(tokens))).view(B * n, 1, H)
         x = e + mtp.h_proj(mtp.hnorm(hidden.view(B * n, hc, H)))
-        x = mtp(x.to(self.embed.weight.dtype), batch, state, cfg.num_hidden_layers)
-        logits = self._head(x, mtp, mtp.norm, hc_head_impl or self.hc_head_impl)
+        impl = hc_head_impl or self.hc_head_impl
+        x = mtp(x.to(self.embed.weight.dtype), batch, state, cfg.num_hidden_layers,
+                self._tail(mtp, mtp.norm, impl))
+        logits, x = self._logits(x, mtp, mtp.norm, impl)
         return logits.view(B, n, -1), x.view(B, n, -1)
 
 
