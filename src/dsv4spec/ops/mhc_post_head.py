@@ -1,6 +1,7 @@
 """The model tail as one op, ``mhc_post_head``: the last layer's hc_post, then hc_head of the new
-streams (and the final RMSNorm), in 2 launches where the sequence takes 3 (4 with the norm). The
-new streams come back too: the MTP draft reads them. docs/design.md (mHC) has the argument."""
+streams (and the final RMSNorm), in 2 launches where the sequence takes 3 (4 with the norm), up
+to 192 tokens. The new streams come back too: the MTP draft reads them. docs/design.md (mHC) has
+the argument and the measurement."""
 
 from __future__ import annotations
 
@@ -85,9 +86,12 @@ def mhc_post_head(
 
     The fused path is 2 launches: the first forms each slice of the new streams (rounded to
     ``residual.dtype``, stored) and accumulates hc_head's 4 dot products and the streams' Gram
-    sums from those rounded values; the second writes the hidden state. The final RMSNorm takes
-    ``sum(y^2)`` as ``w^T G w`` of the fp32 ``y`` (as :func:`~dsv4spec.ops.mhc_pre` does for
-    the sublayer norm), not of ``y`` rounded; the difference is below the output's rounding.
+    sums from those rounded values; the second writes the hidden state. Above
+    ``TAIL_FUSED_MAX_TOKENS`` (192) tokens, where the two epsilons of the norms agree, it runs
+    ``mhc_post`` then hc_head's own launches instead, which measured faster there. The final
+    RMSNorm takes ``sum(y^2)`` as ``w^T G w`` of the fp32 ``y`` (as
+    :func:`~dsv4spec.ops.mhc_pre` does for the sublayer norm), not of ``y`` rounded; the
+    difference is below the output's rounding.
 
     Parameters
     ----------
