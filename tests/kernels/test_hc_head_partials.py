@@ -106,9 +106,9 @@ def test_default_plan_mma_pdl_and_eviction_hints(monkeypatch):
     with pytest.raises(ValueError, match="bfloat16"):
         plan(256, 7168, dtype=torch.float32, mma=True)
     # forced in an interpreter whose bf16 dots are wrong, it is refused, not run
-    assert planner._interpreter_multiplies_bf16()  # tests/conftest.py fixed this one
+    assert planner.interpreter_multiplies_bf16()  # tests/conftest.py fixed this one
     planner._plan.cache_clear()
-    monkeypatch.setattr(planner, "_interpreter_multiplies_bf16", lambda: False)
+    monkeypatch.setattr(planner, "interpreter_multiplies_bf16", lambda: False)
     with pytest.raises(ValueError, match="need a GPU"):
         plan(256, 7168, device=-1, mma=True)
     # the finalize as a dependent launch up to PDL_MAX_TOKENS, never in the interpreter

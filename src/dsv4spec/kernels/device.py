@@ -1,6 +1,6 @@
 """Device helpers shared by several ops' kernels and planners: the GPU's SM count, whether it
-takes programmatic dependent launches, and fp32 rounding to a stream dtype that the interpreter
-and the GPU agree on."""
+takes programmatic dependent launches, fp32 rounding to a stream dtype that the interpreter
+and the GPU agree on, and whether the interpreter multiplies bf16 dot operands as numbers."""
 
 from __future__ import annotations
 
@@ -69,3 +69,22 @@ def store_token_grams(ws_rows, stride_wk, gram, mask_r, ROWS: tl.constexpr, BLOC
     slot = tl.where(ii == jj, DIAG_SLOT + ii, PAIR_SLOT + ii * (7 - ii) // 2 + jj - ii - 1)
     keep = (ii == jj) | (PAIRS & (ii < jj))
     tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
+
+
+@triton.jit
+def _bf16_dot_probe_kernel(a_ptr, out_ptr):
+    offs = tl.arange(0, 16)
+    a = tl.load(a_ptr + offs[:, None] * 16 + offs[None, :])
+    tl.store(out_ptr + offs[:, None] * 16 + offs[None, :], tl.dot(a, a))
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_multiplies_bf16() -> bool:
+    """Whether this Triton interpreter multiplies bf16 ``tl.dot`` operands as numbers (the
+    tensor-core paths need it on CPU)."""
+    # Triton 3.6's interpreter keeps bf16 as uint16 and multiplies the bit patterns in tl.dot
+    # (tests/conftest.py converts them first): probe once instead of trusting a version number.
+    a = torch.full((16, 16), 0.5, dtype=torch.bfloat16)
+    out = torch.empty((16, 16), dtype=torch.float32)
+    _bf16_dot_probe_kernel[(1,)](a, out)
+    return bool((out == 4.0).all())

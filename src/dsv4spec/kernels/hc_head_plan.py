@@ -14,26 +14,12 @@ from typing import NamedTuple
 
 import torch
 import triton
-import triton.language as tl
 
-from dsv4spec.kernels.device import num_sms, supports_pdl  # noqa: F401 - the planner's
-
-
-@triton.jit
-def _bf16_dot_probe_kernel(a_ptr, out_ptr):
-    offs = tl.arange(0, 16)
-    a = tl.load(a_ptr + offs[:, None] * 16 + offs[None, :])
-    tl.store(out_ptr + offs[:, None] * 16 + offs[None, :], tl.dot(a, a))
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreter_multiplies_bf16() -> bool:
-    # Triton 3.6's interpreter keeps bf16 as uint16 and multiplies the bit patterns in tl.dot
-    # (tests/conftest.py converts them first): probe once instead of trusting a version number.
-    a = torch.full((16, 16), 0.5, dtype=torch.bfloat16)
-    out = torch.empty((16, 16), dtype=torch.float32)
-    _bf16_dot_probe_kernel[(1,)](a, out)
-    return bool((out == 4.0).all())
+from dsv4spec.kernels.device import (  # noqa: F401 - the planner's
+    interpreter_multiplies_bf16,
+    num_sms,
+    supports_pdl,
+)
 
 
 class HcHeadConfig(NamedTuple):
@@ -142,7 +128,7 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
         mma = dtype is torch.bfloat16 and device_index >= 0 and T * H >= MMA_MIN_ELEMENTS
     elif mma and dtype is not None and dtype is not torch.bfloat16:
         raise ValueError(f"the tensor-core partials need bfloat16 x, got {dtype}")
-    elif mma and device_index < 0 and not _interpreter_multiplies_bf16():
+    elif mma and device_index < 0 and not interpreter_multiplies_bf16():
         raise ValueError("the tensor-core partials need a GPU: this Triton interpreter "
                          "multiplies bf16 dot operands as integers")
     if partials_2d is None and not mma:

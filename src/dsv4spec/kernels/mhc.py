@@ -53,9 +53,15 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from dsv4spec.kernels import on_rocm
-from dsv4spec.kernels.device import num_sms, round_to, split_bf16x3, store_token_grams, supports_pdl
+from dsv4spec.kernels.device import (
+    interpreter_multiplies_bf16,
+    num_sms,
+    round_to,
+    split_bf16x3,
+    store_token_grams,
+    supports_pdl,
+)
 from dsv4spec.kernels.hc_head import hc_head_triton
-from dsv4spec.kernels.hc_head_plan import _interpreter_multiplies_bf16
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
 
@@ -671,7 +677,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # per range from the H200 sweep in benchmarks/results/mhc/mhc_probe.json.
     if mma is None:
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
-               and (device_index >= 0 or _interpreter_multiplies_bf16()))
+               and (device_index >= 0 or interpreter_multiplies_bf16()))
     if mma:
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps)
     small = T <= 32
