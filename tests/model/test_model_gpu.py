@@ -48,16 +48,10 @@ def test_gpu_pro_shape_graph_replay_equals_eager(W):
             assert (a - e).norm() / e.norm() < 5e-2, (b, seed, "replay vs plain eager")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype,tol", [pytest.param(torch.float32, 1e-4, id="fp32"),
-                                       pytest.param(torch.bfloat16, 5e-2, id="bf16")])
-def test_gpu_fused_mhc_ops_match_hc_pre_and_hc_post(dtype, tol):
-    # The layers cross their boundaries through mhc_pre / mhc_post_pre / mhc_post on CUDA; the
-    # same step through the pure hc_pre / hc_post (and the separate RMSNorms) gives the same
-    # logits to the dtype's rounding, amplified over the random layers.
+def flash_shape_verify(dtype):
+    """The flash-shape model after a 40-token prompt for 2 requests: a call that runs the verify
+    of 4 new tokens each, returning the model's (logits, streams)."""
     from dsv4spec.model.build import build_model
-    from dsv4spec.model.model import Layer
-    from dsv4spec.timing import count_kernels
 
     model = build_model("flash-shape", device="cuda", dtype=dtype)
     bs, W, context = 2, 4, 40
@@ -68,9 +62,23 @@ def test_gpu_fused_mhc_ops_match_hc_pre_and_hc_post(dtype, tol):
     prompt = torch.randint(0, model.cfg.vocab_size, (bs, context), device="cuda", generator=g)
     model(prompt, state, slots, zeros, zeros + context)
     toks = torch.randint(0, model.cfg.vocab_size, (bs, W), device="cuda", generator=g)
+    return lambda: model(toks, state, slots, zeros + context, zeros + W)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [pytest.param(torch.float32, 1e-4, id="fp32"),
+                                       pytest.param(torch.bfloat16, 5e-2, id="bf16")])
+def test_gpu_fused_mhc_ops_match_hc_pre_and_hc_post(dtype, tol):
+    # The layers cross their boundaries through mhc_pre / mhc_post_pre / mhc_post on CUDA; the
+    # same step through the pure hc_pre / hc_post (and the separate RMSNorms) gives the same
+    # logits to the dtype's rounding, amplified over the random layers.
+    from dsv4spec.model.model import Layer
+    from dsv4spec.timing import count_kernels
+
+    forward = flash_shape_verify(dtype)
 
     def step():
-        return model(toks, state, slots, zeros + context, zeros + W)[0].float()
+        return forward()[0].float()
 
     try:
         Layer.mhc_ops = False
@@ -88,22 +96,13 @@ def test_gpu_fused_mhc_ops_match_hc_pre_and_hc_post(dtype, tol):
 def test_gpu_fused_tail_matches_the_separate_post_hc_head_and_norm():
     # The target's last post, hc_head and final norm as one mhc_post_head (2 launches) give the
     # separate ops' logits to bf16 rounding, with fewer kernels per step.
-    from dsv4spec.model.build import build_model
     from dsv4spec.model.model import Transformer
     from dsv4spec.timing import count_kernels
 
-    model = build_model("flash-shape", device="cuda", dtype=torch.bfloat16)
-    bs, W, context = 2, 4, 40
-    state = model.new_state(num_slots=bs, max_seq_len=64, max_num_draft_tokens=4)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    slots = torch.arange(bs, device="cuda")
-    zeros = torch.zeros(bs, dtype=torch.long, device="cuda")
-    prompt = torch.randint(0, model.cfg.vocab_size, (bs, context), device="cuda", generator=g)
-    model(prompt, state, slots, zeros, zeros + context)
-    toks = torch.randint(0, model.cfg.vocab_size, (bs, W), device="cuda", generator=g)
+    forward = flash_shape_verify(torch.bfloat16)
 
     def step():
-        logits, streams = model(toks, state, slots, zeros + context, zeros + W)
+        logits, streams = forward()
         return logits.float(), streams
 
     try:
