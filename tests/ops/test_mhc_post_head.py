@@ -103,8 +103,11 @@ def test_streams_are_mhc_posts_bit_for_bit():
     assert torch.equal(new, mhc_post(f, x, post, comb, impl="triton"))
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=["fp32 weight",
+                                                                               "bf16 weight"])
 @pytest.mark.parametrize("final_eps", [1e-6, 0.5], ids=["one epsilon", "own final epsilon"])
-def test_above_the_fused_bound_the_tail_is_post_then_hc_head(monkeypatch, final_eps):
+def test_above_the_fused_bound_the_tail_is_post_then_hc_head(monkeypatch, final_eps,
+                                                             weight_dtype):
     """Above TAIL_FUSED_MAX_TOKENS the tail is mhc_post then hc_head's own launches, bit for bit,
     into the given outputs; with a final-norm epsilon other than hc_head's it stays fused (hc_head
     normalises with its own), and both match float64."""
@@ -116,6 +119,7 @@ def test_above_the_fused_bound_the_tail_is_post_then_hc_head(monkeypatch, final_
     monkeypatch.setattr(K, "hc_head_triton", lambda *a, **kw: heads.append(a) or
                         hc_head_triton(*a, **kw))
     f, x, post, comb, hc_fn, sc, base, nw = tail_inputs(5, 40, torch.float32)
+    nw = nw.to(weight_dtype)  # the model passes its norm's weight in the streams' dtype
     new, y = torch.full_like(x, float("nan")), torch.full((5, 40), float("nan"))
     mhc_post_head_triton(f, x, post, comb, hc_fn, sc, base, 1e-6, 1e-6, nw, final_eps,
                          out=(new, y))
@@ -123,7 +127,7 @@ def test_above_the_fused_bound_the_tail_is_post_then_hc_head(monkeypatch, final_
     assert_close(new, ref_new, what="residual'")
     assert_close(y, ref_y, what="hidden")
     sequence = hc_head_triton(mhc_post(f, x, post, comb, impl="triton"), hc_fn, sc, base, 1e-6,
-                              1e-6, nw)
+                              1e-6, nw.float())
     assert len(heads) == (1 if final_eps == 1e-6 else 0)
     if heads:
         assert torch.equal(y, sequence)

@@ -454,7 +454,7 @@ def hc_head_triton(
                                   hc_scale.data_ptr(), hc_base.data_ptr(), weight.data_ptr(),
                                   out.data_ptr())
     # One key for both kernels: everything either binds or specialises on.
-    key = (T, H, x.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps,
+    key = (T, H, x.dtype, weight.dtype, rmsnorm, device_index, norm_eps, hc_eps, cfg, warps,
            alignment_key(px, pf, pw, ps, pb, pn, po))
     direct = _DIRECT.get(key) if LaunchCache.enabled else None
     if direct is not None:
