@@ -15,6 +15,9 @@ bf16 x from T * H = ``MMA_MIN_ELEMENTS`` on, on tensor cores (``_hc_head_partial
 hc_fn as three bf16 parts, the Gram sums from the x tile times its transpose, a pipelined loop).
 On sm_90+ up to ``PDL_MAX_TOKENS`` tokens, launch 2 is a programmatic dependent launch: it loads x
 and the parameters while launch 1 runs and waits for its partials only then.
+Up to ``INVARIANT_MAX_TOKENS`` (4) tokens one tiling serves every T and neither kernel specialises
+on T, so a token gets the same bits alone (decode) as in the verify of its drafts (docs/design.md,
+mHC, batch invariance).
 
 Bytes (bf16, H = 7168): T = 4 reads 229 KB of x and the 459 KB ``hc_fn`` (which dominates; split
 over ~112 programs so the whole GPU reads it in one round trip), writes 57 KB. T = 1024 reads
