@@ -1,6 +1,7 @@
 """Device helpers shared by several ops' kernels and planners: the GPU's SM count, whether it
 takes programmatic dependent launches, fp32 rounding to a stream dtype that the interpreter
-and the GPU agree on, and whether the interpreter multiplies bf16 dot operands as numbers."""
+and the GPU agree on, the finalizes' loads of a token's 4 streams and RMSNorm factor of their
+mix, and whether the interpreter multiplies bf16 dot operands as numbers."""
 
 from __future__ import annotations
 
@@ -69,6 +70,30 @@ def store_token_grams(ws_rows, stride_wk, gram, mask_r, ROWS: tl.constexpr, BLOC
     slot = tl.where(ii == jj, DIAG_SLOT + ii, PAIR_SLOT + ii * (7 - ii) // 2 + jj - ii - 1)
     keep = (ii == jj) | (PAIRS & (ii < jj))
     tl.store(ws_rows[:, None] + slot * stride_wk, g, mask=mask_r[:, None] & keep)
+
+
+@triton.jit
+def load_streams(row_ptr, stride, mask, POLICY: tl.constexpr):
+    """The 4 streams' values at ``row_ptr + i * stride`` (i = 0..3) as fp32, 0 where masked:
+    the layer-input and hc_head finalizes' loads of one H-block of a token's streams."""
+    x0 = tl.load(row_ptr, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    x1 = tl.load(row_ptr + stride, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    x2 = tl.load(row_ptr + 2 * stride, mask=mask, other=0.0,
+                 eviction_policy=POLICY).to(tl.float32)
+    x3 = tl.load(row_ptr + 3 * stride, mask=mask, other=0.0,
+                 eviction_policy=POLICY).to(tl.float32)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def mix_rstd(w0, w1, w2, w3, g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, H, norm_eps):
+    """The RMSNorm factor of ``y = sum_i w_i x_i`` over H from the streams' Gram sums G alone:
+    ``sum_h y^2 = w^T G w`` (of the fp32 y; the reference squares y rounded to x.dtype, and the
+    difference is far below the output's rounding), so no second pass over y."""
+    yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
+    yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
+                 + w2 * w3 * g23)
+    return 1.0 / tl.sqrt(yy / H + norm_eps)
 
 
 @triton.jit

@@ -37,7 +37,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from dsv4spec.kernels.device import round_to, split_bf16x3, store_token_grams
+from dsv4spec.kernels.device import (
+    load_streams,
+    mix_rstd,
+    round_to,
+    split_bf16x3,
+    store_token_grams,
+)
 from dsv4spec.kernels.hc_head_plan import HcHeadConfig, _plan
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
 from dsv4spec.kernels.workspace import WorkspaceCache
@@ -226,11 +232,6 @@ def _total(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s):
     return tl.sum(tl.load(ws_ptr + SLOT * stride_wk + offs_s, mask=mask_s, other=0.0), axis=0)
 
 
-@triton.jit
-def _load_f32(ptrs, mask, POLICY: tl.constexpr):
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
-
-
 @triton.jit(do_not_specialize=["T"])  # one binary for every T: INVARIANT_MAX_TOKENS
 def _hc_head_finalize_kernel(
     x_ptr, ws_ptr, scale_ptr, base_ptr, weight_ptr, out_ptr,
@@ -248,10 +249,7 @@ def _hc_head_finalize_kernel(
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
     xr = x_ptr + t * stride_xt + offs_h
-    x0 = _load_f32(xr, mask_h, X_POLICY)
-    x1 = _load_f32(xr + stride_xs, mask_h, X_POLICY)
-    x2 = _load_f32(xr + 2 * stride_xs, mask_h, X_POLICY)
-    x3 = _load_f32(xr + 3 * stride_xs, mask_h, X_POLICY)
+    x0, x1, x2, x3 = load_streams(xr, stride_xs, mask_h, X_POLICY)
     scale = tl.load(scale_ptr)
     b0 = tl.load(base_ptr)
     b1 = tl.load(base_ptr + 1)
@@ -284,12 +282,8 @@ def _hc_head_finalize_kernel(
         g12 = _total(ws, 11, stride_wk, offs_s, mask_s)
         g13 = _total(ws, 12, stride_wk, offs_s, mask_s)
         g23 = _total(ws, 13, stride_wk, offs_s, mask_s)
-        # sum_h y^2 = w^T G w, of the fp32 y (the reference squares y rounded to x.dtype; the
-        # difference is far below the output's rounding)
-        yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
-        yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
-                     + w2 * w3 * g23)
-        rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
+        rstd = mix_rstd(w0, w1, w2, w3, g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, H,
+                        norm_eps)
         y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * stride_ot + offs_h, y, mask=mask_h)
 

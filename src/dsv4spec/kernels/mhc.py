@@ -55,6 +55,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevic
 from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.device import (
     interpreter_multiplies_bf16,
+    load_streams,
+    mix_rstd,
     num_sms,
     round_to,
     split_bf16x3,
@@ -420,10 +422,7 @@ def _layer_input_block(
     # Loads that do not depend on launch 1 first (with PDL they overlap its tail). The
     # fused boundary's x is launch 1's output: it is loaded after the wait.
     if X_EARLY:
-        x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-        x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
-        x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
-        x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
+        x0, x1, x2, x3 = load_streams(xr, H, mask_h, "")
     s0 = tl.load(scale_ptr)
     b0 = tl.load(base_ptr)
     b1 = tl.load(base_ptr + 1)
@@ -434,10 +433,7 @@ def _layer_input_block(
     if PDL:
         gdc_wait()
     if not X_EARLY:
-        x0 = tl.load(xr, mask=mask_h, other=0.0).to(tl.float32)
-        x1 = tl.load(xr + H, mask=mask_h, other=0.0).to(tl.float32)
-        x2 = tl.load(xr + 2 * H, mask=mask_h, other=0.0).to(tl.float32)
-        x3 = tl.load(xr + 3 * H, mask=mask_h, other=0.0).to(tl.float32)
+        x0, x1, x2, x3 = load_streams(xr, H, mask_h, "")
     if VECTOR_SUMS:
         d0, d1, d2, d3 = _rows4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
         p0, p1, p2, p3 = _rows4(ws, 0, stride_wk, offs_s, mask_s, 4)
@@ -467,12 +463,8 @@ def _layer_input_block(
     w3 = tl.sigmoid(l3 * r * s0 + b3) + hc_eps
     y = round_to(w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, out_ptr.dtype.element_ty)
     if RMSNORM:
-        # sum_h y^2 = w^T G w of the fp32 y (the reference squares y rounded to x.dtype;
-        # the difference is far below the output's rounding)
-        yy = w0 * w0 * g00 + w1 * w1 * g11 + w2 * w2 * g22 + w3 * w3 * g33
-        yy += 2.0 * (w0 * (w1 * g01 + w2 * g02 + w3 * g03) + w1 * (w2 * g12 + w3 * g13)
-                     + w2 * w3 * g23)
-        rstd = 1.0 / tl.sqrt(yy / H + norm_eps)
+        rstd = mix_rstd(w0, w1, w2, w3, g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, H,
+                        norm_eps)
         y = round_to(y.to(tl.float32) * rstd * nw, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * H + offs_h, y, mask=mask_h)
 
