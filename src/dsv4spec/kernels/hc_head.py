@@ -420,7 +420,8 @@ def hc_head_triton(
 ) -> torch.Tensor:
     """hc_head of contiguous ``x [T, 4, H]`` (T > 0) -> ``[T, H]`` in ``x.dtype``, in 2 launches.
 
-    With ``norm_weight [H]`` the shared-head RMSNorm is applied too. Inputs are assumed checked by
+    With ``norm_weight [H]`` (fp32, or x's dtype: multiplied in fp32 alike) the shared-head RMSNorm
+    is applied too. Inputs are assumed checked by
     ``dsv4spec.ops.hc_head``; ``block_k``, ``num_splits``, ``block_h``, ``partials_2d``,
     ``block_t`` and ``warps`` (partials, finalize) override the tiling; ``mma`` picks the
     tensor-core partials kernel (bf16 x; by default on CUDA from T * H = ``MMA_MIN_ELEMENTS``),

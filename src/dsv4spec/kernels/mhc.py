@@ -889,8 +889,9 @@ def mhc_post_head_triton(
         # hc_head's own launches (tensor cores, 2-D partials) are faster here; hc_head_triton's
         # RMSNorm takes norm_eps, hence the sequence only where both epsilons agree
         mhc_post_triton(f, residual, post, comb, out=new)
-        weight = None if norm_weight is None else norm_weight.float()  # exact; hc_head's dtype
-        hc_head_triton(new, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, weight, out=hidden)
+        # the weight as given (fp32 or the streams' dtype): hc_head's finalize multiplies it in
+        # fp32 either way, and its launch key holds the weight's dtype
+        hc_head_triton(new, hc_fn, hc_scale, hc_base, norm_eps, hc_eps, norm_weight, out=hidden)
         return new, hidden
     cfg = _plan(T, H, residual.get_device(), mma=False, **overrides)
     # post_out and comb_out are not written with head=True: hidden stands in as a valid pointer
