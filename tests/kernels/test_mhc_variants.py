@@ -56,6 +56,11 @@ def test_sinkhorn_passes(iters, vector_sums):
     pytest.param({"mma": True, "block_k": 32}, id="16 tokens, 32-wide chunks, one per split"),
     pytest.param({"mma": True, "block_k": 16, "num_splits": 2, "block_t": 32},
                  id="32 tokens, 16-wide chunks, 4 per split"),
+    pytest.param({"mma": True, "token_rows": True, "presplit": True, "block_t": 16,
+                  "block_k": 32}, id="token rows, fn split first, one chunk per split"),
+    pytest.param({"mma": True, "token_rows": True, "presplit": False, "block_t": 16,
+                  "block_k": 16, "num_splits": 2},
+                 id="token rows, fn split per chunk, 4 per split"),
 ])
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
 def test_tensor_core_partials(tiling, rmsnorm):
@@ -69,6 +74,15 @@ def test_tensor_core_partials_planned_for_bf16_prefill_only():
     assert K.plan(K.MMA_MIN_TOKENS, 7168, -1, dtype=torch.bfloat16).mma
     assert not K.plan(K.MMA_MIN_TOKENS - 1, 7168, -1, dtype=torch.bfloat16).mma
     assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
+
+
+def test_pre_plans_token_rows_and_the_boundary_rows_t_i():
+    from dsv4spec.kernels import mhc as K
+
+    pre = K.plan(4096, 7168, -1, dtype=torch.bfloat16)
+    assert pre.token_rows and pre.presplit and pre.chunks_per_split > 1
+    boundary = K.plan(4096, 7168, -1, dtype=torch.bfloat16, boundary=True)
+    assert boundary.mma and not boundary.token_rows and not boundary.presplit
 
 
 @pytest.mark.gpu
@@ -93,19 +107,31 @@ def test_gpu_decode_paths_back_to_back(tiling):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [128, 300])
+@pytest.mark.parametrize("T", [128, 300, 4096])
 def test_gpu_tensor_core_partials(T):
-    _pre_and_boundary_on("cuda", T, 7168)
+    _pre_and_boundary_on("cuda", T, 7168, seed=T)
+    # the second call of a shape launches the cached kernels directly (fn's split included)
+    _pre_and_boundary_on("cuda", T, 7168, seed=T + 1)
 
 
-def _pre_and_boundary_on(device, T, H):
+def _pre_and_boundary_on(device, T, H, seed):
     # the boundary's pre against the float64 pre of its own new residual (assert_boundary_close):
     # where the fp32 mix lands on a bf16 rounding tie the residual takes the other neighbour,
     # and the reference's own residual would charge the pre with that step (~1e-5 of post)
-    x, fn, sc, base, nw, f = make_inputs(T, H, torch.bfloat16, device, seed=T)
+    x, fn, sc, base, nw, f = make_inputs(T, H, torch.bfloat16, device, seed=seed)
     kw = {**EPS, "sinkhorn_iters": 20, "norm_weight": nw, "norm_eps": 1e-6}
     args = (EPS["rms_eps"], EPS["hc_eps"], 20, 2.0, nw, 1e-6)
     got = mhc_pre_triton(x, fn, sc, base, *args)
     assert_pre_close(got, mhc_pre_reference(x, fn, sc, base, **kw), torch.bfloat16, 2)
     fused = mhc_post_pre_triton(f, x, got[0], got[1], fn, sc, base, *args)
     assert_boundary_close(fused, f, x, got[0], got[1], fn, sc, base, kw, 2)
+
+
+def test_presplit_is_never_planned_at_one_64_wide_chunk_per_split():
+    # the tiling that gave wrong sums on the H200 (docs/design.md, mHC, tensor-core partials)
+    from dsv4spec.kernels import mhc as K
+
+    cfg = K.plan(4096, 7168, -1, dtype=torch.bfloat16, block_k=64, num_splits=112, presplit=True)
+    assert cfg.chunks_per_split == 1 and cfg.token_rows and not cfg.presplit
+    cfg = K.plan(4096, 7168, -1, dtype=torch.bfloat16, block_k=32, num_splits=224, presplit=True)
+    assert cfg.chunks_per_split == 1 and cfg.presplit

@@ -329,6 +329,138 @@ def _mhc_partials_mma_kernel(
 
 
 @triton.jit
+def _split_fn_kernel(fn_ptr, parts_ptr, C, stride_fn, BLOCK_C: tl.constexpr):
+    # fn [24, C] fp32 -> parts [3, C, 32] bf16 (hi, mid, lo; rows 24-31 zero): each [BLOCK_K,
+    # 32] tile the token-row partials read is then contiguous and needs no splitting
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_j = tl.arange(0, 32)
+    mask_c = offs_c < C
+    f = tl.load(fn_ptr + offs_j[None, :] * stride_fn + offs_c[:, None],
+                mask=(offs_j[None, :] < 24) & mask_c[:, None], other=0.0)
+    hi, mid, lo = split_bf16x3(f)
+    out = parts_ptr + offs_c[:, None] * 32 + offs_j[None, :]
+    tl.store(out, hi, mask=mask_c[:, None])
+    tl.store(out + C * 32, mid, mask=mask_c[:, None])
+    tl.store(out + 2 * C * 32, lo, mask=mask_c[:, None])
+
+
+@triton.jit
+def _token_row_dots(acc, xt, fn_ptr, stride_fn, offs_h, mask_h, I: tl.constexpr, H,
+                    PRESPLIT: tl.constexpr):
+    # stream I's share of the 24 dots for a [BLOCK_T, BLOCK_K] tile of tokens: xt times the
+    # [BLOCK_K, 32] tile fn[j, I * H + h] (rows j >= 24 zero) in three bf16 parts, smallest
+    # first, from zero; the chunk's sum then adds to acc in fp32 registers. PRESPLIT: fn_ptr is
+    # _split_fn_kernel's parts
+    offs_j = tl.arange(0, 32)
+    if PRESPLIT:
+        p = fn_ptr + (I * H + offs_h[:, None]) * 32 + offs_j[None, :]
+        m = mask_h[:, None]
+        hi = tl.load(p, mask=m, other=0.0)
+        mid = tl.load(p + 4 * H * 32, mask=m, other=0.0)
+        lo = tl.load(p + 8 * H * 32, mask=m, other=0.0)
+    else:
+        f = tl.load(fn_ptr + offs_j[None, :] * stride_fn + I * H + offs_h[:, None],
+                    mask=(offs_j[None, :] < 24) & mask_h[:, None], other=0.0)
+        hi, mid, lo = split_bf16x3(f)
+    return acc + tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
+
+
+@triton.jit
+def _mhc_partials_token_mma_kernel(
+    x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
+    T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
+    POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRESPLIT: tl.constexpr,
+):
+    # Launch 1 on tensor cores with tokens as rows: per chunk of h, the 4 streams' [BLOCK_T,
+    # BLOCK_K] tiles each times its stream's [BLOCK_K, 32] tile of fn (24 rows, in three bf16
+    # parts), so every product the tensor cores form is one the dots need (rows (t, i) against
+    # columns (j, i'), _mhc_partials_mma_kernel, keep a quarter). The Gram sums come from the
+    # same tiles on CUDA cores, one row sum per entry and chunk. With POST the new residual is
+    # formed in registers, stored, and is itself the row tile (no barrier, no read back). Same
+    # workspace slots as _mhc_partials_kernel.
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tt = offs_t[:, None]
+    mt = tt < T
+    if POST:
+        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
+         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, tt, mt)
+    acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
+    g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g33 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g01 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g02 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g03 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g12 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g13 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g23 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for c in range(0, CHUNKS_PER_SPLIT):
+        offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        hh = offs_h[None, :]
+        m2 = mt & (hh < H)
+        o2 = tt * (4 * H) + hh
+        x0 = tl.load(x_ptr + o2, mask=m2, other=0.0)
+        x1 = tl.load(x_ptr + o2 + H, mask=m2, other=0.0)
+        x2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0)
+        x3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0)
+        if POST:
+            dt = xnew_ptr.dtype.element_ty
+            fv = tl.load(f_ptr + tt * H + hh, mask=m2, other=0.0).to(tl.float32)
+            y0 = x0.to(tl.float32)
+            y1 = x1.to(tl.float32)
+            y2 = x2.to(tl.float32)
+            y3 = x3.to(tl.float32)
+            x0 = _mix(p0, c00, c10, c20, c30, fv, y0, y1, y2, y3, dt)
+            x1 = _mix(p1, c01, c11, c21, c31, fv, y0, y1, y2, y3, dt)
+            x2 = _mix(p2, c02, c12, c22, c32, fv, y0, y1, y2, y3, dt)
+            x3 = _mix(p3, c03, c13, c23, c33, fv, y0, y1, y2, y3, dt)
+            tl.store(xnew_ptr + o2, x0, mask=m2)
+            tl.store(xnew_ptr + o2 + H, x1, mask=m2)
+            tl.store(xnew_ptr + o2 + 2 * H, x2, mask=m2)
+            tl.store(xnew_ptr + o2 + 3 * H, x3, mask=m2)
+        acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
+        acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
+        acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
+        acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
+        f0 = x0.to(tl.float32)
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        f3 = x3.to(tl.float32)
+        g00 += tl.sum(f0 * f0, axis=1)
+        g11 += tl.sum(f1 * f1, axis=1)
+        g22 += tl.sum(f2 * f2, axis=1)
+        g33 += tl.sum(f3 * f3, axis=1)
+        if GRAM:
+            g01 += tl.sum(f0 * f1, axis=1)
+            g02 += tl.sum(f0 * f2, axis=1)
+            g03 += tl.sum(f0 * f3, axis=1)
+            g12 += tl.sum(f1 * f2, axis=1)
+            g13 += tl.sum(f1 * f3, axis=1)
+            g23 += tl.sum(f2 * f3, axis=1)
+    # ws[t, slot, split]: dots 0-23, diagonal of G 24-27, its upper half 28-33
+    jj = tl.arange(0, 32)[None, :]
+    ws = ws_ptr + offs_t * stride_wt + split
+    mask_t = offs_t < T
+    tl.store(ws[:, None] + jj * stride_wk, acc, mask=mt & (jj < 24))
+    tl.store(ws + 24 * stride_wk, g00, mask=mask_t)
+    tl.store(ws + 25 * stride_wk, g11, mask=mask_t)
+    tl.store(ws + 26 * stride_wk, g22, mask=mask_t)
+    tl.store(ws + 27 * stride_wk, g33, mask=mask_t)
+    if GRAM:
+        tl.store(ws + 28 * stride_wk, g01, mask=mask_t)
+        tl.store(ws + 29 * stride_wk, g02, mask=mask_t)
+        tl.store(ws + 30 * stride_wk, g03, mask=mask_t)
+        tl.store(ws + 31 * stride_wk, g12, mask=mask_t)
+        tl.store(ws + 32 * stride_wk, g13, mask=mask_t)
+        tl.store(ws + 33 * stride_wk, g23, mask=mask_t)
+
+
+@triton.jit
 def _tile4(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s, N: tl.constexpr):
     # slots SLOT..SLOT+N-1 (N <= 4) of every split: one [4, BLOCK_S] load. The finalize loads all
     # its tiles before it reduces any: a warp issues in order, so a load placed after a
@@ -656,11 +788,18 @@ class _Config(NamedTuple):
     prefetch_fn: bool = False
     # the partials on tensor cores (bf16 streams)
     mma: bool = False
+    # with mma: tokens as the tile's rows (_mhc_partials_token_mma_kernel), else rows (t, i)
+    token_rows: bool = False
+    # the partials' software-pipeline stages (None: Triton's default)
+    stages: int | None = None
+    # with token_rows: fn split into bf16 parts by a launch of its own first
+    presplit: bool = False
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
-            prefetch_fn=None, mma=None, dtype=None, device_index=-1) -> _Config:
+            prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
+            stages=None, presplit=None, boundary=False) -> _Config:
     # Small T (decode) is latency-bound and fn (2.75 MB at H = 7168) dominates: one 64-wide
     # chunk of h per program (112 programs at H = 7168, 64 at H = 4096: ~every SM reads one
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
@@ -671,7 +810,8 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
                and (device_index >= 0 or interpreter_multiplies_bf16()))
     if mma:
-        return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps)
+        return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
+                           token_rows, stages, presplit, boundary)
     small = T <= 32
     invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
@@ -713,24 +853,40 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
 
 
 def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
-                warps) -> _Config:
-    # Tensor-core partials: 32 tokens (128 rows) per program, 64-wide chunks, 8 warps, about
-    # two programs per SM (the best tiling of mhc_sweep.json from 256 tokens on, within 7 % of
-    # the best at 256); the finalize as at large T on CUDA cores.
+                warps, token_rows=None, stages=None, presplit=None, boundary=False) -> _Config:
+    # Tensor-core partials. mhc_pre: tokens as rows, 64 per program, 32-wide chunks, 4 warps,
+    # 3 stages, fn split into bf16 parts by its own launch first, about two programs per SM
+    # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
+    # the (t, i) rows at 256-4096). The boundary keeps rows (t, i), 32 tokens, 64-wide chunks,
+    # 8 warps (mhc_sweep.json): forming the new residual in the token-row kernel made it
+    # slower at 256-1024 tokens (mhc_large_t.json). The finalize as at large T on CUDA cores.
+    if token_rows is None:
+        token_rows = not boundary
+    if presplit is None:
+        presplit = token_rows and not boundary
     if block_t is None:
-        block_t = 32
-    block_k = block_k or 64
+        block_t = 64 if token_rows else 32
+    block_k = block_k or (32 if token_rows else 64)
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
         num_splits = min(n_chunks, max(1, 2 * num_sms // triton.cdiv(T, block_t)))
     chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
+    if block_k > 32 and chunks_per_split == 1:
+        # On the H200 (Triton 3.6) the presplit kernel with 64-wide chunks and one chunk per
+        # split gave wrong sums (post 0.4-0.8 off, at every stage count, T and width tried)
+        # while the interpreter, 32-wide chunks and runs of chunks were exact
+        # (benchmarks/results/logs/mhc_token_rows_one_chunk.json): not planned, not allowed.
+        presplit = False
     if block_h is None:
         block_h = 1024 if T <= 128 else 512
     if warps is None:
-        warps = (8 if block_t >= 32 else 4, 1)
+        warps = (4 if token_rows else 8 if block_t >= 32 else 4, 1)
+    if stages is None and token_rows:
+        stages = 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
-                   False, mma=True)
+                   False, mma=True, token_rows=bool(token_rows), stages=stages,
+                   presplit=bool(token_rows and presplit))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -745,9 +901,11 @@ WORKSPACES = WorkspaceCache()
 
 _PARTIALS = LaunchCache(_mhc_partials_kernel)
 _PARTIALS_MMA = LaunchCache(_mhc_partials_mma_kernel)
+_PARTIALS_TOKEN_MMA = LaunchCache(_mhc_partials_token_mma_kernel)
+_SPLIT_FN = LaunchCache(_split_fn_kernel)
 _FINALIZE = LaunchCache(_mhc_finalize_kernel)
 _POST = LaunchCache(_mhc_post_kernel)
-_DIRECT: dict = {}  # key -> (partials, finalize) direct launches
+_DIRECT: dict = {}  # key -> (partials, finalize, fn split or None) direct launches
 
 
 def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out, rms_eps, hc_eps,
@@ -763,19 +921,25 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     weight = norm_weight if rmsnorm else hc_base  # a valid pointer, unused without the norm
     nrows = HC if head else NMIX
     ws = WORKSPACES.get(x, (T, nrows + (10 if rmsnorm else 4), cfg.num_splits), device_index)
+    # fn in three bf16 parts [3, 4H, 32] (the token-row partials' presplit), in fp32 scratch
+    parts = (WORKSPACES.get(x, (3, 4 * H, 16), device_index).view(torch.bfloat16)
+             if cfg.presplit else fn)
     if boundary is None:
         src, f, post_in, comb_in = x, x, hc_scale, hc_scale  # unused pointers: POST is off
     else:
         f, src, post_in, comb_in = boundary
     p1 = (src.data_ptr(), f.data_ptr(), post_in.data_ptr(), comb_in.data_ptr(), x.data_ptr(),
-          fn.data_ptr(), ws.data_ptr())
+          parts.data_ptr(), ws.data_ptr())
     p2 = (p1[4], p1[6], hc_scale.data_ptr(), hc_base.data_ptr(), weight.data_ptr(),
           post_out.data_ptr(), comb_out.data_ptr(), out.data_ptr())
     # one key for both kernels: everything either binds or specialises on
     key = (T, H, x.dtype, f.dtype, weight.dtype, rmsnorm, boundary is None, head, device_index,
-           cfg, rms_eps, hc_eps, norm_eps, post_mult, sinkhorn_iters, alignment_key(*p1, *p2))
+           cfg, rms_eps, hc_eps, norm_eps, post_mult, sinkhorn_iters,
+           alignment_key(*p1, *p2, fn.data_ptr()))
     direct = _DIRECT.get(key) if LaunchCache.enabled else None
     if direct is not None:
+        if cfg.presplit:
+            direct[2](fn.data_ptr(), p1[5])
         direct[0](*p1)
         direct[1](*p2)
         return
@@ -785,12 +949,20 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     constexprs1 = {"POST": boundary is not None, "GRAM": rmsnorm,
                    "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
                    "BLOCK_K": cfg.block_k}
-    partials_cache = _PARTIALS_MMA if cfg.mma else _PARTIALS
     if not cfg.mma:
+        partials_cache = _PARTIALS
         constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait,
                            NROWS=nrows, ROWS_PAD=32 if nrows > 4 else 4)
+    else:
+        partials_cache = _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
+        if cfg.token_rows:
+            constexprs1["PRESPLIT"] = cfg.presplit
+        if cfg.presplit:
+            _SPLIT_FN.launch(key, (triton.cdiv(4 * H, 64), 1, 1), (fn, parts, 4 * H, fn.stride(0)),
+                             {"BLOCK_C": 64}, 4)
+            args1 = (*args1[:5], parts, *args1[6:])
     partials_cache.launch(key, grid1, args1, constexprs1, cfg.partials_warps,
-                          launch_pdl=cfg.wait)
+                          num_stages=cfg.stages, launch_pdl=cfg.wait)
     num_hblocks = triton.cdiv(H, cfg.block_h)
     _FINALIZE.launch(
         key, (T * (num_hblocks + (0 if head else 1)), 1, 1),
@@ -803,8 +975,9 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
         cfg.finalize_warps, launch_pdl=cfg.pdl,
     )
     partials, finalize = partials_cache.get(key), _FINALIZE.get(key)
-    if partials is not None and finalize is not None:
-        _DIRECT[key] = (partials, finalize)
+    split = _SPLIT_FN.get(key) if cfg.presplit else None
+    if partials is not None and finalize is not None and (split is not None or not cfg.presplit):
+        _DIRECT[key] = (partials, finalize, split)
 
 
 def fast_math(x: torch.Tensor) -> bool:
@@ -854,7 +1027,8 @@ def mhc_post_pre_triton(
     layer_input)``, allocated or given as ``out``; as :func:`mhc_pre_triton` otherwise."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0 and residual.is_contiguous() and fn.is_contiguous()
-    cfg = _plan(T, H, residual.get_device(), dtype=residual.dtype, **overrides)
+    cfg = _plan(T, H, residual.get_device(), dtype=residual.dtype, boundary=True,
+                **overrides)
     if out is None:
         new = torch.empty_like(residual)
         post2, comb2, out = _pre_outputs(residual, T, H)
@@ -937,6 +1111,7 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
 # the tiling planner (overrides: block_t, block_k, num_splits, block_h, warps, pdl), and the
 # output allocation and launches of mhc_pre_triton.
 JIT_KERNELS = {"partials": _mhc_partials_kernel, "partials_mma": _mhc_partials_mma_kernel,
+               "partials_token_mma": _mhc_partials_token_mma_kernel,
                "finalize": _mhc_finalize_kernel,
                "post": _mhc_post_kernel}
 tiling = _config
