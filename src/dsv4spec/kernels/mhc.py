@@ -1,6 +1,6 @@
 """Fused mHC boundary ops for hc_mult = 4: ``mhc_pre``, ``mhc_post`` and ``mhc_post_pre``.
 
-``mhc_pre`` is 2 launches. Launch 1 (partials), grid = token blocks x K-splits, on CUDA cores in
+``mhc_pre`` is 2 launches (3 from ``MMA_MIN_TOKENS`` bf16 tokens, below). Launch 1 (partials), grid = token blocks x K-splits, on CUDA cores in
 fp32: each program reads BLOCK_T tokens over one BLOCK_K-wide range of h (at T <= 32 one chunk
 per program: ~every SM reads one slice of ``fn`` once) for the 4 streams and the matching
 columns of all 24 rows of ``fn``, accumulates the products as FMAs into one [BLOCK_T, 32,
@@ -33,7 +33,10 @@ columns (a weight) before it waits for the previous kernel, and the finalize let
 start at once; the finalize's split sums are independent one-axis reductions where the splits
 are many; ``mhc_post`` is a dependent launch. From ``MMA_MIN_TOKENS`` bf16 tokens the partials run
 on tensor cores (fn in three bf16 parts); post and comb stay within 1e-5 of float64 relative to
-their largest value, as on CUDA cores (the GPU tests at 128-1024 tokens).
+their largest value, as on CUDA cores (the GPU tests at 128-4096 tokens). ``mhc_pre``'s take
+tokens as the tile's rows, each stream's tile times its own columns of fn, which a launch of its
+own first splits into bf16 parts (``_split_fn_kernel``); the boundary's take rows (t, i) against
+every stream's columns and keep a quarter of the products (benchmarks/results/mhc/mhc_large_t.md).
 
 Bytes (bf16, H = 7168, T = 4): ``fn`` is 24 x 28672 fp32 = 2.75 MB, a different tensor per layer,
 so it dominates; the partials spread it over 112 programs (one HBM round trip for the whole
@@ -1000,8 +1003,9 @@ def mhc_pre_triton(
     norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0,
     out: tuple[torch.Tensor, ...] | None = None, **overrides,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """hc_pre of contiguous ``residual [T, 4, H]`` (T > 0) in 2 launches: ``(post [T, 4] fp32,
-    comb [T, 4, 4] fp32, layer_input [T, H])``, allocated or given as ``out`` (contiguous).
+    """hc_pre of contiguous ``residual [T, 4, H]`` (T > 0) in 2 launches (3 with fn's split at
+    tensor-core sizes): ``(post [T, 4] fp32, comb [T, 4, 4] fp32, layer_input [T, H])``,
+    allocated or given as ``out`` (contiguous).
     Inputs are assumed checked by ``dsv4spec.ops.mhc``; ``overrides`` (``block_t``, ``block_k``,
     ``num_splits``, ``block_h``, ``warps``, ``pdl``) change the tiling.
     After the first call of a shape, eager calls launch the cached compiled kernels directly
