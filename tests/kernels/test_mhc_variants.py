@@ -76,13 +76,17 @@ def test_tensor_core_partials_planned_for_bf16_prefill_only():
     assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
 
 
-def test_pre_plans_token_rows_and_the_boundary_rows_t_i():
+def test_pre_plans_token_rows_and_the_boundary_rows_t_i_below_its_bound():
     from dsv4spec.kernels import mhc as K
 
     pre = K.plan(4096, 7168, -1, dtype=torch.bfloat16)
     assert pre.token_rows and pre.presplit and pre.chunks_per_split > 1
+    below = K.plan(K.BOUNDARY_TOKEN_ROWS_MIN_TOKENS - 1, 7168, -1, dtype=torch.bfloat16,
+                   boundary=True)
+    assert below.mma and not below.token_rows and not below.presplit
     boundary = K.plan(4096, 7168, -1, dtype=torch.bfloat16, boundary=True)
-    assert boundary.mma and not boundary.token_rows and not boundary.presplit
+    assert boundary.mma and boundary.token_rows and not boundary.presplit
+    assert boundary.stages == 2 and boundary.chunks_per_split > 1
 
 
 @pytest.mark.gpu

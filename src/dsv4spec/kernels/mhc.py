@@ -36,7 +36,8 @@ on tensor cores (fn in three bf16 parts); post and comb stay within 1e-5 of floa
 their largest value, as on CUDA cores (the GPU tests at 128-4096 tokens). ``mhc_pre``'s take
 tokens as the tile's rows, each stream's tile times its own columns of fn, which a launch of its
 own first splits into bf16 parts (``_split_fn_kernel``); the boundary's take rows (t, i) against
-every stream's columns and keep a quarter of the products (benchmarks/results/mhc/mhc_large_t.md).
+every stream's columns and keep a quarter of the products, and token rows (fn split per chunk)
+from ``BOUNDARY_TOKEN_ROWS_MIN_TOKENS`` (benchmarks/results/mhc/mhc_large_t.md).
 
 Bytes (bf16, H = 7168, T = 4): ``fn`` is 24 x 28672 fp32 = 2.75 MB, a different tensor per layer,
 so it dominates; the partials spread it over 112 programs (one HBM round trip for the whole
@@ -94,6 +95,9 @@ TAIL_FUSED_MAX_TOKENS = 192
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
+# The boundary's tensor-core partials with tokens as rows from this many tokens: 1.09-1.24x the
+# (t, i) rows at 512-4096 tokens (both widths), 0.96x at 256 (mhc_large_t.json)
+BOUNDARY_TOKEN_ROWS_MIN_TOKENS = 512
 
 
 @triton.jit
@@ -860,11 +864,12 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     # Tensor-core partials. mhc_pre: tokens as rows, 64 per program, 32-wide chunks, 4 warps,
     # 3 stages, fn split into bf16 parts by its own launch first, about two programs per SM
     # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
-    # the (t, i) rows at 256-4096). The boundary keeps rows (t, i), 32 tokens, 64-wide chunks,
-    # 8 warps (mhc_sweep.json): forming the new residual in the token-row kernel made it
-    # slower at 256-1024 tokens (mhc_large_t.json). The finalize as at large T on CUDA cores.
+    # the (t, i) rows at 256-4096). The boundary: rows (t, i), 32 tokens, 64-wide chunks,
+    # 8 warps (mhc_sweep.json) below BOUNDARY_TOKEN_ROWS_MIN_TOKENS; from there token rows
+    # with fn split per chunk and 2 stages (the split launch and 3 stages were slower with the
+    # new residual formed in the same program). The finalize as at large T on CUDA cores.
     if token_rows is None:
-        token_rows = not boundary
+        token_rows = not boundary or T >= BOUNDARY_TOKEN_ROWS_MIN_TOKENS
     if presplit is None:
         presplit = token_rows and not boundary
     if block_t is None:
@@ -886,7 +891,7 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     if warps is None:
         warps = (4 if token_rows else 8 if block_t >= 32 else 4, 1)
     if stages is None and token_rows:
-        stages = 3
+        stages = 2 if boundary else 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True, token_rows=bool(token_rows), stages=stages,
                    presplit=bool(token_rows and presplit))
