@@ -882,7 +882,7 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     num_splits = triton.cdiv(n_chunks, chunks_per_split)
     if block_k > 32 and chunks_per_split == 1:
         # On the H200 (Triton 3.6) the presplit kernel with 64-wide chunks and one chunk per
-        # split gave wrong sums (post 0.4-0.8 off, at every stage count, T and width tried)
+        # split gave wrong sums (post 0.36-0.81 off, at every stage count, T and width tried)
         # while the interpreter, 32-wide chunks and runs of chunks were exact
         # (benchmarks/results/logs/mhc_token_rows_one_chunk.json): not planned, not allowed.
         presplit = False
