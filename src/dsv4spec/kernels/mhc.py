@@ -1,8 +1,9 @@
 """Fused mHC boundary ops for hc_mult = 4: ``mhc_pre``, ``mhc_post`` and ``mhc_post_pre``.
 
-``mhc_pre`` is 2 launches (3 from ``MMA_MIN_TOKENS`` bf16 tokens, below). Launch 1 (partials), grid = token blocks x K-splits, on CUDA cores in
-fp32: each program reads BLOCK_T tokens over one BLOCK_K-wide range of h (at T <= 32 one chunk
-per program: ~every SM reads one slice of ``fn`` once) for the 4 streams and the matching
+``mhc_pre`` is 2 launches (3 from ``MMA_MIN_TOKENS`` bf16 tokens, below). Launch 1 (partials),
+grid = token blocks x K-splits, on CUDA cores in fp32: each program reads BLOCK_T tokens over one
+BLOCK_K-wide range of h (at T <= 32 one chunk per program: ~every SM reads one slice of ``fn``
+once) for the 4 streams and the matching
 columns of all 24 rows of ``fn``, accumulates the products as FMAs into one [BLOCK_T, 32,
 BLOCK_K] tile (rows padded to 32) and reduces it once at the end; it writes, per token, fp32
 partial sums: the 24 dot products ``xf @ fn.T``, the diagonal of the streams' Gram matrix
@@ -125,6 +126,24 @@ def _load_mixes(post_ptr, comb_ptr, t, mask):
             tl.load(cp + 14, mask=mask, other=0.0), tl.load(cp + 15, mask=mask, other=0.0))
 
 
+@triton.jit
+def _store_new_residual(xnew_ptr, offs, H, mask, mixes, fv, x0, x1, x2, x3):
+    # the 4 streams x'_j (_mix of fp32 x_i, f and _load_mixes' 20 weights), stored at
+    # offs + j * H; returned in the stream dtype: the partials kernels' POST
+    (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
+     c31, c32, c33) = mixes
+    dt = xnew_ptr.dtype.element_ty
+    n0 = _mix(p0, c00, c10, c20, c30, fv, x0, x1, x2, x3, dt)
+    n1 = _mix(p1, c01, c11, c21, c31, fv, x0, x1, x2, x3, dt)
+    n2 = _mix(p2, c02, c12, c22, c32, fv, x0, x1, x2, x3, dt)
+    n3 = _mix(p3, c03, c13, c23, c33, fv, x0, x1, x2, x3, dt)
+    tl.store(xnew_ptr + offs, n0, mask=mask)
+    tl.store(xnew_ptr + offs + H, n1, mask=mask)
+    tl.store(xnew_ptr + offs + 2 * H, n2, mask=mask)
+    tl.store(xnew_ptr + offs + 3 * H, n3, mask=mask)
+    return n0, n1, n2, n3
+
+
 @triton.jit(do_not_specialize=["T"])  # one binary for every T of a tiling: INVARIANT_MAX_TOKENS
 def _mhc_partials_kernel(
     x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
@@ -161,8 +180,7 @@ def _mhc_partials_kernel(
         if PDL:  # after the wait, so the finalize's early loads of x never see it half-written
             gdc_launch_dependents()
     if POST:  # the previous layer's post and comb, per token: [BLOCK_T, 1, 1]
-        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
-         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, t3, mask_t3)
+        mixes = _load_mixes(post_ptr, comb_ptr, t3, mask_t3)
     acc = tl.zeros([BLOCK_T, ROWS_PAD, BLOCK_K], dtype=tl.float32)
     g00 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T, 1, BLOCK_K], dtype=tl.float32)
@@ -184,16 +202,9 @@ def _mhc_partials_kernel(
         x2 = tl.load(x_ptr + offs + 2 * H, mask=mask, other=0.0).to(tl.float32)
         x3 = tl.load(x_ptr + offs + 3 * H, mask=mask, other=0.0).to(tl.float32)
         if POST:
-            dt = xnew_ptr.dtype.element_ty
             fv = tl.load(f_ptr + t3 * H + h3, mask=mask, other=0.0).to(tl.float32)
-            n0 = _mix(p0, c00, c10, c20, c30, fv, x0, x1, x2, x3, dt)
-            n1 = _mix(p1, c01, c11, c21, c31, fv, x0, x1, x2, x3, dt)
-            n2 = _mix(p2, c02, c12, c22, c32, fv, x0, x1, x2, x3, dt)
-            n3 = _mix(p3, c03, c13, c23, c33, fv, x0, x1, x2, x3, dt)
-            tl.store(xnew_ptr + offs, n0, mask=mask)
-            tl.store(xnew_ptr + offs + H, n1, mask=mask)
-            tl.store(xnew_ptr + offs + 2 * H, n2, mask=mask)
-            tl.store(xnew_ptr + offs + 3 * H, n3, mask=mask)
+            n0, n1, n2, n3 = _store_new_residual(xnew_ptr, offs, H, mask, mixes, fv, x0, x1,
+                                                 x2, x3)
             x0 = n0.to(tl.float32)
             x1 = n1.to(tl.float32)
             x2 = n2.to(tl.float32)
@@ -283,8 +294,7 @@ def _mhc_partials_mma_kernel(
     if POST:  # 2-D [BLOCK_T, 1] per-token weights and [BLOCK_T, BLOCK_K] stream tiles
         tt = (t0 + tl.arange(0, BLOCK_T))[:, None]
         mt = tt < T
-        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
-         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, tt, mt)
+        mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc0 = tl.zeros([ROWS, 32], dtype=tl.float32)
     acc1 = tl.zeros([ROWS, 32], dtype=tl.float32)
     acc2 = tl.zeros([ROWS, 32], dtype=tl.float32)
@@ -301,15 +311,7 @@ def _mhc_partials_mma_kernel(
             y1 = tl.load(x_ptr + o2 + H, mask=m2, other=0.0).to(tl.float32)
             y2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0).to(tl.float32)
             y3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0).to(tl.float32)
-            dt = xnew_ptr.dtype.element_ty
-            tl.store(xnew_ptr + o2, _mix(p0, c00, c10, c20, c30, fv, y0, y1, y2, y3, dt),
-                     mask=m2)
-            tl.store(xnew_ptr + o2 + H, _mix(p1, c01, c11, c21, c31, fv, y0, y1, y2, y3, dt),
-                     mask=m2)
-            tl.store(xnew_ptr + o2 + 2 * H,
-                     _mix(p2, c02, c12, c22, c32, fv, y0, y1, y2, y3, dt), mask=m2)
-            tl.store(xnew_ptr + o2 + 3 * H,
-                     _mix(p3, c03, c13, c23, c33, fv, y0, y1, y2, y3, dt), mask=m2)
+            _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv, y0, y1, y2, y3)
             tl.debug_barrier()
             xt = tl.load(xnew_ptr + rows[:, None] + offs_h[None, :],
                          mask=mask_r[:, None] & mask_h[None, :], other=0.0)
@@ -352,21 +354,21 @@ def _split_fn_kernel(fn_ptr, parts_ptr, C, stride_fn, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _token_row_dots(acc, xt, fn_ptr, stride_fn, offs_h, mask_h, I: tl.constexpr, H,
+def _token_row_dots(acc, xt, fn_ptr, stride_fn, offs_h, mask_h, STREAM: tl.constexpr, H,
                     PRESPLIT: tl.constexpr):
-    # stream I's share of the 24 dots for a [BLOCK_T, BLOCK_K] tile of tokens: xt times the
-    # [BLOCK_K, 32] tile fn[j, I * H + h] (rows j >= 24 zero) in three bf16 parts, smallest
+    # stream STREAM's share of the 24 dots for a [BLOCK_T, BLOCK_K] tile of tokens: xt times the
+    # [BLOCK_K, 32] tile fn[j, STREAM * H + h] (rows j >= 24 zero) in three bf16 parts, smallest
     # first, from zero; the chunk's sum then adds to acc in fp32 registers. PRESPLIT: fn_ptr is
     # _split_fn_kernel's parts
     offs_j = tl.arange(0, 32)
     if PRESPLIT:
-        p = fn_ptr + (I * H + offs_h[:, None]) * 32 + offs_j[None, :]
+        p = fn_ptr + (STREAM * H + offs_h[:, None]) * 32 + offs_j[None, :]
         m = mask_h[:, None]
         hi = tl.load(p, mask=m, other=0.0)
         mid = tl.load(p + 4 * H * 32, mask=m, other=0.0)
         lo = tl.load(p + 8 * H * 32, mask=m, other=0.0)
     else:
-        f = tl.load(fn_ptr + offs_j[None, :] * stride_fn + I * H + offs_h[:, None],
+        f = tl.load(fn_ptr + offs_j[None, :] * stride_fn + STREAM * H + offs_h[:, None],
                     mask=(offs_j[None, :] < 24) & mask_h[:, None], other=0.0)
         hi, mid, lo = split_bf16x3(f)
     return acc + tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
@@ -392,8 +394,7 @@ def _mhc_partials_token_mma_kernel(
     tt = offs_t[:, None]
     mt = tt < T
     if POST:
-        (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
-         c31, c32, c33) = _load_mixes(post_ptr, comb_ptr, tt, mt)
+        mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
     g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -416,20 +417,10 @@ def _mhc_partials_token_mma_kernel(
         x2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0)
         x3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0)
         if POST:
-            dt = xnew_ptr.dtype.element_ty
             fv = tl.load(f_ptr + tt * H + hh, mask=m2, other=0.0).to(tl.float32)
-            y0 = x0.to(tl.float32)
-            y1 = x1.to(tl.float32)
-            y2 = x2.to(tl.float32)
-            y3 = x3.to(tl.float32)
-            x0 = _mix(p0, c00, c10, c20, c30, fv, y0, y1, y2, y3, dt)
-            x1 = _mix(p1, c01, c11, c21, c31, fv, y0, y1, y2, y3, dt)
-            x2 = _mix(p2, c02, c12, c22, c32, fv, y0, y1, y2, y3, dt)
-            x3 = _mix(p3, c03, c13, c23, c33, fv, y0, y1, y2, y3, dt)
-            tl.store(xnew_ptr + o2, x0, mask=m2)
-            tl.store(xnew_ptr + o2 + H, x1, mask=m2)
-            tl.store(xnew_ptr + o2 + 2 * H, x2, mask=m2)
-            tl.store(xnew_ptr + o2 + 3 * H, x3, mask=m2)
+            x0, x1, x2, x3 = _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv,
+                                                 x0.to(tl.float32), x1.to(tl.float32),
+                                                 x2.to(tl.float32), x3.to(tl.float32))
         acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
         acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
         acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
