@@ -61,6 +61,11 @@ def test_sinkhorn_passes(iters, vector_sums):
     pytest.param({"mma": True, "token_rows": True, "presplit": False, "block_t": 16,
                   "block_k": 16, "num_splits": 2},
                  id="token rows, fn split per chunk, 4 per split"),
+    pytest.param({"mma": True, "token_rows": True, "presplit": True, "streams_as_k": True,
+                  "block_t": 16, "block_k": 32}, id="streams along K, one chunk per split"),
+    pytest.param({"mma": True, "token_rows": True, "presplit": True, "streams_as_k": True,
+                  "block_t": 16, "block_k": 16, "num_splits": 2},
+                 id="streams along K, 4 per split"),
 ])
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
 def test_tensor_core_partials(tiling, rmsnorm):

@@ -380,6 +380,7 @@ def _mhc_partials_token_mma_kernel(
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
     POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRESPLIT: tl.constexpr,
+    STREAMS_AS_K: tl.constexpr,
 ):
     # Launch 1 on tensor cores with tokens as rows: per chunk of h, the 4 streams' [BLOCK_T,
     # BLOCK_K] tiles each times its stream's [BLOCK_K, 32] tile of fn (24 rows, in three bf16
@@ -388,6 +389,10 @@ def _mhc_partials_token_mma_kernel(
     # same tiles on CUDA cores, one row sum per entry and chunk. With POST the new residual is
     # formed in registers, stored, and is itself the row tile (no barrier, no read back). Same
     # workspace slots as _mhc_partials_kernel.
+    # STREAMS_AS_K (split parts, no POST): the 4 streams' chunks side by side along K, one
+    # [BLOCK_T, 4 BLOCK_K] tile times the parts' [4 BLOCK_K, 64] hi|mid and [4 BLOCK_K, 32] lo
+    # tiles: two dots a chunk where the per-stream tiles take twelve, the stream tiles loaded
+    # again (from L1) for the Gram sums.
     pid = tl.program_id(0).to(tl.int64)
     split = pid % NUM_SPLITS
     offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -396,6 +401,11 @@ def _mhc_partials_token_mma_kernel(
     if POST:
         mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
+    if STREAMS_AS_K:
+        acc_hm = tl.zeros([BLOCK_T, 64], dtype=tl.float32)
+        offs_k = tl.arange(0, 4 * BLOCK_K)
+        offs_n = tl.arange(0, 64)
+        part_n = (offs_n // 32) * (4 * H * 32) + offs_n % 32  # hi: n < 32, mid: n >= 32
     g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
     g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -421,10 +431,22 @@ def _mhc_partials_token_mma_kernel(
             x0, x1, x2, x3 = _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv,
                                                  x0.to(tl.float32), x1.to(tl.float32),
                                                  x2.to(tl.float32), x3.to(tl.float32))
-        acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
-        acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
-        acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
-        acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
+        if STREAMS_AS_K:
+            hk = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + offs_k % BLOCK_K
+            mk = hk < H
+            rowk = (offs_k // BLOCK_K) * H + hk  # x's column and the parts' row (i, h)
+            xk = tl.load(x_ptr + tt * (4 * H) + rowk[None, :], mask=mt & mk[None, :], other=0.0)
+            pk = fn_ptr + rowk[:, None] * 32
+            himid = tl.load(pk + part_n[None, :], mask=mk[:, None], other=0.0)
+            lo = tl.load(pk + 8 * H * 32 + tl.arange(0, 32)[None, :], mask=mk[:, None],
+                         other=0.0)
+            acc_hm = tl.dot(xk, himid, acc_hm)
+            acc = tl.dot(xk, lo, acc)
+        else:
+            acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
+            acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
+            acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
+            acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
         f0 = x0.to(tl.float32)
         f1 = x1.to(tl.float32)
         f2 = x2.to(tl.float32)
@@ -440,6 +462,8 @@ def _mhc_partials_token_mma_kernel(
             g12 += tl.sum(f1 * f2, axis=1)
             g13 += tl.sum(f1 * f3, axis=1)
             g23 += tl.sum(f2 * f3, axis=1)
+    if STREAMS_AS_K:  # lo + (hi + mid)
+        acc += tl.sum(tl.reshape(acc_hm, [BLOCK_T, 2, 32]), axis=1)
     # ws[t, slot, split]: dots 0-23, diagonal of G 24-27, its upper half 28-33
     jj = tl.arange(0, 32)[None, :]
     ws = ws_ptr + offs_t * stride_wt + split
@@ -792,12 +816,14 @@ class _Config(NamedTuple):
     stages: int | None = None
     # with token_rows: fn split into bf16 parts by a launch of its own first
     presplit: bool = False
+    # with presplit, mhc_pre only: the streams side by side along the dots' K
+    streams_as_k: bool = False
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
             prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
-            stages=None, presplit=None, boundary=False) -> _Config:
+            stages=None, presplit=None, boundary=False, streams_as_k=None) -> _Config:
     # Small T (decode) is latency-bound and fn (2.75 MB at H = 7168) dominates: one 64-wide
     # chunk of h per program (112 programs at H = 7168, 64 at H = 4096: ~every SM reads one
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
@@ -809,7 +835,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
                and (device_index >= 0 or interpreter_multiplies_bf16()))
     if mma:
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
-                           token_rows, stages, presplit, boundary)
+                           token_rows, stages, presplit, boundary, streams_as_k)
     small = T <= 32
     invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
@@ -851,7 +877,8 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
 
 
 def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
-                warps, token_rows=None, stages=None, presplit=None, boundary=False) -> _Config:
+                warps, token_rows=None, stages=None, presplit=None, boundary=False,
+                streams_as_k=None) -> _Config:
     # Tensor-core partials. mhc_pre: tokens as rows, 64 per program, 32-wide chunks, 4 warps,
     # 3 stages, fn split into bf16 parts by its own launch first, about two programs per SM
     # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
@@ -885,7 +912,8 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
         stages = 2 if boundary else 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True, token_rows=bool(token_rows), stages=stages,
-                   presplit=bool(token_rows and presplit))
+                   presplit=bool(token_rows and presplit),
+                   streams_as_k=bool(streams_as_k and token_rows and presplit and not boundary))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -955,7 +983,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     else:
         partials_cache = _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
         if cfg.token_rows:
-            constexprs1["PRESPLIT"] = cfg.presplit
+            constexprs1.update(PRESPLIT=cfg.presplit, STREAMS_AS_K=cfg.streams_as_k)
         if cfg.presplit:
             _SPLIT_FN.launch(key, (triton.cdiv(4 * H, 64), 1, 1), (fn, parts, 4 * H, fn.stride(0)),
                              {"BLOCK_C": 64}, 4)
