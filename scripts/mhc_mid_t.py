@@ -1,10 +1,11 @@
 """The mHC ops between decode and prefill sizes on the GPU, beside SGLang's kernels in the same run:
 ``mhc_pre``'s tilings at 32-256 tokens (CUDA-core partials with other blocks and splits, the
 tensor-core partials with tokens as rows or rows (t, i) at sizes the planner does not yet give
-them, the finalize's H-blocks), ``mhc_post``'s H-blocks, warps and PDL at 1-64 tokens, and the
-device time of each launch of the defaults and the fastest variants.
+them, the finalize's H-blocks), ``mhc_post``'s H-blocks, warps and PDL at 1-64 tokens, the
+device time of each launch of the defaults and the fastest variants, and the boundary's
+token-row partials (an override) against the float64 pre of their own new residual.
 
-    PYTHONPATH=src python3 scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown]
+    PYTHONPATH=src python3 scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown boundary-rows]
 
 Every variant is checked against the float64 reference before it is timed (CUDA graph, median).
 Writes OUT_DIR/mhc_mid_t.json as it goes and prints each row (docs/design.md, mHC).
@@ -20,12 +21,12 @@ from collections import defaultdict
 
 import torch
 import triton
-from mhc_large_t import Case, time_variant
+from mhc_large_t import Case, rel_err, time_variant
 
 from dsv4spec.bench.mhc import make_inputs, sglang_provider
 from dsv4spec.bench.sglang_mhc import sglang_mhc_peer
 from dsv4spec.kernels import mhc as K
-from dsv4spec.ops import mhc_post_reference
+from dsv4spec.ops import mhc_post_reference, mhc_pre_reference
 from dsv4spec.timing import time_in_graph
 
 
@@ -67,17 +68,31 @@ for _bh in (256, 512, 2048):
     PRE_VARIANTS[f"default h{_bh}"] = {"block_h": _bh}
 PRE_VARIANTS["default finalize w2"] = {"warps": None}  # filled per T below
 
-# the tensor-core partials with the 4 streams side by side along K (mhc_pre, fn split first)
-STREAMS_VARIANTS = {}
-for _bt in (64, 128):
-    for _bk in (16, 32, 64):
-        for _w in (4, 8):
-            for _st in (2, 3, 4):
-                STREAMS_VARIANTS[f"streams-k t{_bt} k{_bk} w{_w} st{_st}"] = tensor_cores(
-                    True, _bt, _bk, _w, presplit=True, streams_as_k=True, stages=_st)
-for _name, _ov in list(STREAMS_VARIANTS.items()):
-    for _bh in (1024, 2048):
-        STREAMS_VARIANTS[f"{_name} h{_bh}"] = {**_ov, "block_h": _bh}
+# the boundary's token-row partials (an override) against the float64 pre of their own residual
+BOUNDARY_ROWS = {"rows (t, i)": {}}
+for _bt, _bk, _w, _st, _split in ((64, 32, 4, 2, False), (64, 32, 4, 1, False),
+                                  (64, 32, 4, 3, False), (32, 32, 4, 2, False),
+                                  (16, 32, 4, 2, False), (64, 32, 8, 2, False),
+                                  (64, 16, 4, 2, False), (64, 32, 4, 2, True)):
+    BOUNDARY_ROWS[f"tok t{_bt} k{_bk} w{_w} st{_st}{' split' if _split else ''}"] = tensor_cores(
+        True, _bt, _bk, _w, presplit=_split, stages=_st)
+
+
+def boundary_rows(case: Case, name: str, ov: dict) -> dict:
+    row = {"op": "post_pre own", "T": case.T, "H": case.H, "variant": name}
+    post, comb = case.ref[0].float(), case.ref[1].float()
+    try:
+        def call():
+            return K.mhc_post_pre_triton(case.f, case.x, post, comb, *case.args(), **ov)
+        got = call()
+        own = mhc_pre_reference(got[0], case.fn, case.scale, case.base, **case.kw)
+        row["err"] = rel_err(got[1:], own)
+        torch.cuda.synchronize()
+        row["us"] = round(time_in_graph(call)["median_us"], 2)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = repr(e)[:300]
+    return row
+
 
 POST_BLOCKS = (256, 512, 1024, 2048, 4096)
 POST_WARPS = (1, 2, 4, 8)
@@ -137,7 +152,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--sweep", nargs="+", default=["pre", "post", "breakdown"],
-                   choices=["pre", "post", "breakdown", "streams"])
+                   choices=["pre", "post", "breakdown", "boundary-rows"])
     a = p.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -163,29 +178,10 @@ def main(argv=None) -> int:
             emit({"op": "pre", "T": T, "H": 7168, "variant": name, "kernels": kernel_times(
                 lambda c=c, ov=ov: K.mhc_pre_triton(c.x, *c.args(), **ov))})
 
-    if "streams" in a.sweep:
-        plain = [n for n in STREAMS_VARIANTS if not n.endswith(("h1024", "h2048"))]
-        for name in ["default", *plain]:
-            emit(time_variant(case(4096, 7168), "pre", name, STREAMS_VARIANTS.get(name, {})))
-        timed = sorted((r for r in res["rows"] if (r["T"], r["H"]) == (4096, 7168) and "us" in r
-                        and r["variant"] != "default"), key=lambda r: r["us"])
-        best = [r["variant"] for r in timed[:4]]
-        for T, H in ((128, 7168), (256, 7168), (512, 7168), (1024, 7168), (256, 4096),
-                     (1024, 4096), (4096, 4096)):
-            emit(sglang_row(peer, "pre", T, H))
-            names = ["default", "default h1024", "default h2048", *best,
-                     *(f"{b} h{bh}" for b in best[:2] for bh in (1024, 2048))]
-            for name in names:
-                ov = STREAMS_VARIANTS.get(name, {})
-                if name.startswith("default h"):
-                    ov = {"block_h": int(name.split("h")[-1])}
-                emit(time_variant(case(T, H), "pre", name, ov))
-        for T in (256, 4096):
-            c = case(T, 7168)
-            for name in ["default", best[0]]:
-                ov = STREAMS_VARIANTS.get(name, {})
-                emit({"op": "pre", "T": T, "H": 7168, "variant": name, "kernels": kernel_times(
-                    lambda c=c, ov=ov: K.mhc_pre_triton(c.x, *c.args(), **ov))})
+    if "boundary-rows" in a.sweep:
+        for T, H in ((1024, 7168), (512, 4096)):
+            for name, ov in BOUNDARY_ROWS.items():
+                emit(boundary_rows(case(T, H), name, ov))
     if "breakdown" in a.sweep:  # the defaults first, the fastest variants after the sweep
         for T in (32, 64, 256):
             breakdown(T, ["default"])

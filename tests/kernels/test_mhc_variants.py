@@ -61,11 +61,6 @@ def test_sinkhorn_passes(iters, vector_sums):
     pytest.param({"mma": True, "token_rows": True, "presplit": False, "block_t": 16,
                   "block_k": 16, "num_splits": 2},
                  id="token rows, fn split per chunk, 4 per split"),
-    pytest.param({"mma": True, "token_rows": True, "presplit": True, "streams_as_k": True,
-                  "block_t": 16, "block_k": 32}, id="streams along K, one chunk per split"),
-    pytest.param({"mma": True, "token_rows": True, "presplit": True, "streams_as_k": True,
-                  "block_t": 16, "block_k": 16, "num_splits": 2},
-                 id="streams along K, 4 per split"),
 ])
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
 def test_tensor_core_partials(tiling, rmsnorm):
@@ -81,17 +76,24 @@ def test_tensor_core_partials_planned_for_bf16_prefill_only():
     assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
 
 
-def test_pre_plans_token_rows_and_the_boundary_rows_t_i_below_its_bound():
+def test_pre_plans_token_rows_and_the_boundary_rows_t_i():
     from dsv4spec.kernels import mhc as K
 
     pre = K.plan(4096, 7168, -1, dtype=torch.bfloat16)
     assert pre.token_rows and pre.presplit and pre.chunks_per_split > 1
-    below = K.plan(K.BOUNDARY_TOKEN_ROWS_MIN_TOKENS - 1, 7168, -1, dtype=torch.bfloat16,
-                   boundary=True)
-    assert below.mma and not below.token_rows and not below.presplit
-    boundary = K.plan(4096, 7168, -1, dtype=torch.bfloat16, boundary=True)
-    assert boundary.mma and boundary.token_rows and not boundary.presplit
-    assert boundary.stages == 2 and boundary.chunks_per_split > 1
+    for T in (K.MMA_MIN_TOKENS, 512, 4096):  # token rows missed float64 there on the H200
+        boundary = K.plan(T, 7168, -1, dtype=torch.bfloat16, boundary=True)
+        assert boundary.mma and not boundary.token_rows and not boundary.presplit
+
+
+def test_pre_finalize_takes_wide_blocks_up_to_its_bound():
+    from dsv4spec.kernels import mhc as K
+
+    assert K.plan(256, 7168, -1, dtype=torch.bfloat16).block_h == 2048
+    assert K.plan(1024, 4096, -1, dtype=torch.bfloat16).block_h == 2048
+    assert K.plan(1024, 7168, -1, dtype=torch.bfloat16).block_h == 512
+    assert K.plan(K.MMA_MIN_TOKENS, 7168, -1, dtype=torch.bfloat16).block_h == 1024
+    assert K.plan(256, 7168, -1, dtype=torch.bfloat16, boundary=True).block_h == 512
 
 
 @pytest.mark.gpu

@@ -37,8 +37,9 @@ on tensor cores (fn in three bf16 parts); post and comb stay within 1e-5 of floa
 their largest value, as on CUDA cores (the GPU tests at 128-4096 tokens). ``mhc_pre``'s take
 tokens as the tile's rows, each stream's tile times its own columns of fn, which a launch of its
 own first splits into bf16 parts (``_split_fn_kernel``); the boundary's take rows (t, i) against
-every stream's columns and keep a quarter of the products, and token rows (fn split per chunk)
-from ``BOUNDARY_TOKEN_ROWS_MIN_TOKENS`` (benchmarks/results/mhc/mhc_large_t.md).
+every stream's columns and keep a quarter of the products: their token rows (the new residual
+formed in registers as the row tile, an override) were faster from 512 tokens but missed the
+float64 pre of their own residual on the H200 (docs/design.md, mHC).
 
 Bytes (bf16, H = 7168, T = 4): ``fn`` is 24 x 28672 fp32 = 2.75 MB, a different tensor per layer,
 so it dominates; the partials spread it over 112 programs (one HBM round trip for the whole
@@ -96,9 +97,10 @@ TAIL_FUSED_MAX_TOKENS = 192
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
-# The boundary's tensor-core partials with tokens as rows from this many tokens: 1.09-1.24x the
-# (t, i) rows at 512-4096 tokens (both widths), 0.96x at 256 (mhc_large_t.json)
-BOUNDARY_TOKEN_ROWS_MIN_TOKENS = 512
+# mhc_pre's finalize in 2048-wide H-blocks from 129 tokens up to this many elements of T x H,
+# 512 above: 28.8 -> 26.1 us at 256 tokens (H = 7168), 44.7 -> 41.6 at 1024 (H = 4096)
+# (benchmarks/results/mhc/mhc_streams_k.json, the default rows)
+WIDE_FINALIZE_MAX_ELEMENTS = 1024 * 4096
 
 
 @triton.jit
@@ -380,7 +382,6 @@ def _mhc_partials_token_mma_kernel(
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
     POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, PRESPLIT: tl.constexpr,
-    STREAMS_AS_K: tl.constexpr,
 ):
     # Launch 1 on tensor cores with tokens as rows: per chunk of h, the 4 streams' [BLOCK_T,
     # BLOCK_K] tiles each times its stream's [BLOCK_K, 32] tile of fn (24 rows, in three bf16
@@ -389,10 +390,6 @@ def _mhc_partials_token_mma_kernel(
     # same tiles on CUDA cores, one row sum per entry and chunk. With POST the new residual is
     # formed in registers, stored, and is itself the row tile (no barrier, no read back). Same
     # workspace slots as _mhc_partials_kernel.
-    # STREAMS_AS_K (split parts, no POST): the 4 streams' chunks side by side along K, one
-    # [BLOCK_T, 4 BLOCK_K] tile times the parts' [4 BLOCK_K, 64] hi|mid and [4 BLOCK_K, 32] lo
-    # tiles: two dots a chunk where the per-stream tiles take twelve, the stream tiles loaded
-    # again (from L1) for the Gram sums.
     pid = tl.program_id(0).to(tl.int64)
     split = pid % NUM_SPLITS
     offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -401,11 +398,6 @@ def _mhc_partials_token_mma_kernel(
     if POST:
         mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
-    if STREAMS_AS_K:
-        acc_hm = tl.zeros([BLOCK_T, 64], dtype=tl.float32)
-        offs_k = tl.arange(0, 4 * BLOCK_K)
-        offs_n = tl.arange(0, 64)
-        part_n = (offs_n // 32) * (4 * H * 32) + offs_n % 32  # hi: n < 32, mid: n >= 32
     g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
     g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
     g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -431,22 +423,10 @@ def _mhc_partials_token_mma_kernel(
             x0, x1, x2, x3 = _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv,
                                                  x0.to(tl.float32), x1.to(tl.float32),
                                                  x2.to(tl.float32), x3.to(tl.float32))
-        if STREAMS_AS_K:
-            hk = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + offs_k % BLOCK_K
-            mk = hk < H
-            rowk = (offs_k // BLOCK_K) * H + hk  # x's column and the parts' row (i, h)
-            xk = tl.load(x_ptr + tt * (4 * H) + rowk[None, :], mask=mt & mk[None, :], other=0.0)
-            pk = fn_ptr + rowk[:, None] * 32
-            himid = tl.load(pk + part_n[None, :], mask=mk[:, None], other=0.0)
-            lo = tl.load(pk + 8 * H * 32 + tl.arange(0, 32)[None, :], mask=mk[:, None],
-                         other=0.0)
-            acc_hm = tl.dot(xk, himid, acc_hm)
-            acc = tl.dot(xk, lo, acc)
-        else:
-            acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
-            acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
-            acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
-            acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
+        acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
+        acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
+        acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
+        acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
         f0 = x0.to(tl.float32)
         f1 = x1.to(tl.float32)
         f2 = x2.to(tl.float32)
@@ -462,8 +442,6 @@ def _mhc_partials_token_mma_kernel(
             g12 += tl.sum(f1 * f2, axis=1)
             g13 += tl.sum(f1 * f3, axis=1)
             g23 += tl.sum(f2 * f3, axis=1)
-    if STREAMS_AS_K:  # lo + (hi + mid)
-        acc += tl.sum(tl.reshape(acc_hm, [BLOCK_T, 2, 32]), axis=1)
     # ws[t, slot, split]: dots 0-23, diagonal of G 24-27, its upper half 28-33
     jj = tl.arange(0, 32)[None, :]
     ws = ws_ptr + offs_t * stride_wt + split
@@ -816,14 +794,12 @@ class _Config(NamedTuple):
     stages: int | None = None
     # with token_rows: fn split into bf16 parts by a launch of its own first
     presplit: bool = False
-    # with presplit, mhc_pre only: the streams side by side along the dots' K
-    streams_as_k: bool = False
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
             prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
-            stages=None, presplit=None, boundary=False, streams_as_k=None) -> _Config:
+            stages=None, presplit=None, boundary=False) -> _Config:
     # Small T (decode) is latency-bound and fn (2.75 MB at H = 7168) dominates: one 64-wide
     # chunk of h per program (112 programs at H = 7168, 64 at H = 4096: ~every SM reads one
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
@@ -835,7 +811,7 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
                and (device_index >= 0 or interpreter_multiplies_bf16()))
     if mma:
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
-                           token_rows, stages, presplit, boundary, streams_as_k)
+                           token_rows, stages, presplit, boundary)
     small = T <= 32
     invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
@@ -877,17 +853,18 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
 
 
 def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
-                warps, token_rows=None, stages=None, presplit=None, boundary=False,
-                streams_as_k=None) -> _Config:
+                warps, token_rows=None, stages=None, presplit=None, boundary=False) -> _Config:
     # Tensor-core partials. mhc_pre: tokens as rows, 64 per program, 32-wide chunks, 4 warps,
     # 3 stages, fn split into bf16 parts by its own launch first, about two programs per SM
     # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
     # the (t, i) rows at 256-4096). The boundary: rows (t, i), 32 tokens, 64-wide chunks,
-    # 8 warps (mhc_sweep.json) below BOUNDARY_TOKEN_ROWS_MIN_TOKENS; from there token rows
-    # with fn split per chunk and 2 stages (the split launch and 3 stages were slower with the
-    # new residual formed in the same program). The finalize as at large T on CUDA cores.
+    # 8 warps (mhc_sweep.json). Its token rows (fn split per chunk, 2 stages) were 1.1-1.24x
+    # faster from 512 tokens but off the float64 pre of their own residual by 2e-5-4e-5 of
+    # post at 1024 and 4096 tokens on the H200 (the interpreter exact): not planned. The
+    # finalize as at large T on CUDA cores, in wider H-blocks for mhc_pre up to
+    # WIDE_FINALIZE_MAX_ELEMENTS.
     if token_rows is None:
-        token_rows = not boundary or T >= BOUNDARY_TOKEN_ROWS_MIN_TOKENS
+        token_rows = not boundary
     if presplit is None:
         presplit = token_rows and not boundary
     if block_t is None:
@@ -905,15 +882,15 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
         # (benchmarks/results/logs/mhc_token_rows_one_chunk.json): not planned, not allowed.
         presplit = False
     if block_h is None:
-        block_h = 1024 if T <= 128 else 512
+        block_h = (1024 if T <= 128 else
+                   2048 if not boundary and T * H <= WIDE_FINALIZE_MAX_ELEMENTS else 512)
     if warps is None:
         warps = (4 if token_rows else 8 if block_t >= 32 else 4, 1)
     if stages is None and token_rows:
         stages = 2 if boundary else 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True, token_rows=bool(token_rows), stages=stages,
-                   presplit=bool(token_rows and presplit),
-                   streams_as_k=bool(streams_as_k and token_rows and presplit and not boundary))
+                   presplit=bool(token_rows and presplit))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -983,7 +960,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     else:
         partials_cache = _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
         if cfg.token_rows:
-            constexprs1.update(PRESPLIT=cfg.presplit, STREAMS_AS_K=cfg.streams_as_k)
+            constexprs1["PRESPLIT"] = cfg.presplit
         if cfg.presplit:
             _SPLIT_FN.launch(key, (triton.cdiv(4 * H, 64), 1, 1), (fn, parts, 4 * H, fn.stride(0)),
                              {"BLOCK_C": 64}, 4)
