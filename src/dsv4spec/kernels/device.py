@@ -86,6 +86,14 @@ def load_streams(row_ptr, stride, mask, POLICY: tl.constexpr):
 
 
 @triton.jit
+def load_pre_params(scale_ptr, base_ptr):
+    """The pre weights' scale and 4 biases ``(scale[0], base[0..3])``: the layer-input and
+    hc_head finalizes' scalar parameter loads, issued together before any reduction."""
+    return (tl.load(scale_ptr), tl.load(base_ptr), tl.load(base_ptr + 1), tl.load(base_ptr + 2),
+            tl.load(base_ptr + 3))
+
+
+@triton.jit
 def mix_rstd(w0, w1, w2, w3, g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, H, norm_eps):
     """The RMSNorm factor of ``y = sum_i w_i x_i`` over H from the streams' Gram sums G alone:
     ``sum_h y^2 = w^T G w`` (of the fp32 y; the reference squares y rounded to x.dtype, and the

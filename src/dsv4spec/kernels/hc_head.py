@@ -38,6 +38,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv4spec.kernels.device import (
+    load_pre_params,
     load_streams,
     mix_rstd,
     round_to,
@@ -250,11 +251,7 @@ def _hc_head_finalize_kernel(
     mask_h = offs_h < H
     xr = x_ptr + t * stride_xt + offs_h
     x0, x1, x2, x3 = load_streams(xr, stride_xs, mask_h, X_POLICY)
-    scale = tl.load(scale_ptr)
-    b0 = tl.load(base_ptr)
-    b1 = tl.load(base_ptr + 1)
-    b2 = tl.load(base_ptr + 2)
-    b3 = tl.load(base_ptr + 3)
+    scale, b0, b1, b2, b3 = load_pre_params(scale_ptr, base_ptr)
     if RMSNORM:
         nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0)
     if PDL:

@@ -61,6 +61,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevic
 from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.device import (
     interpreter_multiplies_bf16,
+    load_pre_params,
     load_streams,
     mix_rstd,
     num_sms,
@@ -555,11 +556,7 @@ def _layer_input_block(
     # fused boundary's x is launch 1's output: it is loaded after the wait.
     if X_EARLY:
         x0, x1, x2, x3 = load_streams(xr, H, mask_h, "")
-    s0 = tl.load(scale_ptr)
-    b0 = tl.load(base_ptr)
-    b1 = tl.load(base_ptr + 1)
-    b2 = tl.load(base_ptr + 2)
-    b3 = tl.load(base_ptr + 3)
+    s0, b0, b1, b2, b3 = load_pre_params(scale_ptr, base_ptr)
     if RMSNORM:
         nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
     if PDL:
