@@ -68,6 +68,17 @@ def test_tensor_core_partials(tiling, rmsnorm):
     _pre_and_boundary(17, 100, torch.bfloat16, rmsnorm, 20, EPS, **tiling)
 
 
+def test_prefill_defaults():
+    # the planner's own tiling from MMA_MIN_TOKENS: mhc_pre's token rows with fn split first and
+    # the wide finalize blocks (one 2048-wide block, mostly masked, at H = 100), the boundary's
+    # rows (t, i); 130 tokens leave a second token block almost all past T
+    from dsv4spec.kernels import mhc as K
+
+    cfg = K.plan(130, 100, -1, dtype=torch.bfloat16)
+    assert cfg.mma and cfg.token_rows and cfg.presplit and cfg.block_h == 2048
+    _pre_and_boundary(130, 100, torch.bfloat16, True, 20, EPS)
+
+
 def test_tensor_core_partials_planned_for_bf16_prefill_only():
     from dsv4spec.kernels import mhc as K
 
