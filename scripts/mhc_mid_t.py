@@ -3,9 +3,11 @@
 tensor-core partials with tokens as rows or rows (t, i) at sizes the planner does not yet give
 them, the finalize's H-blocks), ``mhc_post``'s H-blocks, warps and PDL at 1-64 tokens, the
 device time of each launch of the defaults and the fastest variants, and the boundary's
-token-row partials (an override) against the float64 pre of their own new residual.
+token-row partials (an override) against the float64 pre of their own new residual, with the
+mix as kernels/mhc.py writes it or (``--fma-mix``) as explicit fmas.
 
     PYTHONPATH=src python3 scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown boundary-rows]
+                                                        [--fma-mix]
 
 Every variant is checked against the float64 reference before it is timed (CUDA graph, median).
 Writes OUT_DIR/mhc_mid_t.json as it goes and prints each row (docs/design.md, mHC).
@@ -21,11 +23,13 @@ from collections import defaultdict
 
 import torch
 import triton
+import triton.language as tl
 from mhc_large_t import Case, rel_err, time_variant
 
 from dsv4spec.bench.mhc import make_inputs, sglang_provider
 from dsv4spec.bench.sglang_mhc import sglang_mhc_peer
 from dsv4spec.kernels import mhc as K
+from dsv4spec.kernels.device import round_to
 from dsv4spec.ops import mhc_post_reference, mhc_pre_reference
 from dsv4spec.timing import time_in_graph
 
@@ -78,8 +82,17 @@ for _bt, _bk, _w, _st, _split in ((64, 32, 4, 2, False), (64, 32, 4, 1, False),
         True, _bt, _bk, _w, presplit=_split, stages=_st)
 
 
+@triton.jit
+def fma_mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
+    # kernels/mhc.py's _mix as explicit fmas (--fma-mix): no contraction left to the compiler,
+    # so two copies of the mix in two register layouts give the same bits
+    v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
+    return round_to(tl.fma(p, fv, v), DTYPE)
+
+
 def boundary_rows(case: Case, name: str, ov: dict) -> dict:
-    row = {"op": "post_pre own", "T": case.T, "H": case.H, "variant": name}
+    row = {"op": "post_pre own", "T": case.T, "H": case.H, "variant": name,
+           "mix": "fma" if K._mix is fma_mix else "kernels/mhc.py"}
     post, comb = case.ref[0].float(), case.ref[1].float()
     try:
         def call():
@@ -153,7 +166,11 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--sweep", nargs="+", default=["pre", "post", "breakdown"],
                    choices=["pre", "post", "breakdown", "boundary-rows"])
+    p.add_argument("--fma-mix", action="store_true",
+                   help="the boundary's mix as explicit fmas (set before any kernel compiles)")
     a = p.parse_args(argv)
+    if a.fma_mix:
+        K._mix = fma_mix
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "cuda": torch.version.cuda,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
