@@ -68,6 +68,30 @@ class Case:
         return (self.fn, self.scale, self.base, 1e-6, 1e-6, 20, 2.0, self.norm_weight, 1e-6)
 
 
+class Sweep:
+    """One sweep's record: the device and versions, the rows (each printed, and the JSON at
+    ``path`` rewritten, as it comes) and the inputs of each (T, H), made once."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "cuda": torch.version.cuda,
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
+        self.rows = self.record["rows"]
+        self.cases: dict = {}
+
+    def case(self, T: int, H: int) -> Case:
+        if (T, H) not in self.cases:
+            self.cases[(T, H)] = Case(T, H)
+        return self.cases[(T, H)]
+
+    def emit(self, row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        self.rows.append(row)
+        with open(self.path, "w") as fh:
+            json.dump(self.record, fh, indent=1)
+
+
 def rel_err(got, ref) -> dict:
     return {name: ((g.double() - r.double()).abs().max() / r.double().abs().max()).item()
             for name, g, r in zip(("post", "comb", "layer_input"), got, ref)}
@@ -127,26 +151,13 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", nargs="+", default=["pre", "boundary", "finalize"],
                    choices=["pre", "boundary", "finalize"])
     a = p.parse_args(argv)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "cuda": torch.version.cuda,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
-    cases: dict = {}
-
-    def case(T, H):
-        if (T, H) not in cases:
-            cases[(T, H)] = Case(T, H)
-        return cases[(T, H)]
-
-    def emit(row):
-        print(json.dumps(row), flush=True)
-        res["rows"].append(row)
-        with open(f"{a.out}/mhc_large_t.json", "w") as fh:
-            json.dump(res, fh, indent=1)
+    sweep = Sweep(f"{a.out}/mhc_large_t.json")
+    case, emit, rows = sweep.case, sweep.emit, sweep.rows
 
     if "pre" in a.sweep:
         for name, ov in PRE_VARIANTS.items():
             emit(time_variant(case(4096, 7168), "pre", name, ov))
-        timed = [r for r in res["rows"]
+        timed = [r for r in rows
                  if r["op"] == "pre" and "us" in r and r["variant"] != "default"]
         best = sorted(timed, key=lambda r: r["us"])[:3]
         for T, H in ((128, 7168), (256, 7168), (1024, 7168), (1024, 4096), (4096, 4096)):

@@ -16,15 +16,13 @@ Writes OUT_DIR/mhc_mid_t.json as it goes and prints each row (docs/design.md, mH
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections import defaultdict
 
 import torch
 import triton
 import triton.language as tl
-from mhc_large_t import Case, rel_err, time_variant
+from mhc_large_t import Case, Sweep, rel_err, time_variant
 
 from dsv4spec.bench.mhc import make_inputs, sglang_provider
 from dsv4spec.bench.sglang_mhc import sglang_mhc_peer
@@ -171,22 +169,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.fma_mix:
         K._mix = fma_mix
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "cuda": torch.version.cuda,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
+    sweep = Sweep(f"{a.out}/mhc_mid_t.json")
+    case, emit, rows = sweep.case, sweep.emit, sweep.rows
     peer = sglang_mhc_peer()
-    cases: dict = {}
-
-    def case(T, H):
-        if (T, H) not in cases:
-            cases[(T, H)] = Case(T, H)
-        return cases[(T, H)]
-
-    def emit(row):
-        print(json.dumps(row), flush=True)
-        res["rows"].append(row)
-        with open(f"{a.out}/mhc_mid_t.json", "w") as fh:
-            json.dump(res, fh, indent=1)
 
     def breakdown(T, names):
         c = case(T, 7168)
@@ -220,7 +205,7 @@ def main(argv=None) -> int:
                 if name == "default finalize w2":
                     ov = {"warps": (K.plan(T, 7168, 0, dtype=torch.bfloat16).partials_warps, 2)}
                 emit(time_variant(case(T, 7168), "pre", name, ov))
-            timed = sorted((r for r in res["rows"] if r["op"] == "pre" and r["T"] == T
+            timed = sorted((r for r in rows if r["op"] == "pre" and r["T"] == T
                             and r["H"] == 7168 and "us" in r and r["variant"] != "sglang"),
                            key=lambda r: r["us"])
             best_pre[T] = [r["variant"] for r in timed[:3]]
