@@ -3,11 +3,9 @@
 tensor-core partials with tokens as rows or rows (t, i) at sizes the planner does not yet give
 them, the finalize's H-blocks), ``mhc_post``'s H-blocks, warps and PDL at 1-64 tokens, the
 device time of each launch of the defaults and the fastest variants, and the boundary's
-token-row partials (an override) against the float64 pre of their own new residual, with the
-mix as kernels/mhc.py writes it or (``--fma-mix``) as explicit fmas.
+token-row partials against the float64 pre of their own new residual.
 
     PYTHONPATH=src python3 scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown boundary-rows]
-                                                        [--fma-mix]
 
 Every variant is checked against the float64 reference before it is timed (CUDA graph, median).
 Writes OUT_DIR/mhc_mid_t.json as it goes and prints each row (docs/design.md, mHC).
@@ -20,14 +18,11 @@ import sys
 from collections import defaultdict
 
 import torch
-import triton
-import triton.language as tl
 from mhc_large_t import Case, Sweep, rel_err, time_variant
 
 from dsv4spec.bench.mhc import make_inputs, sglang_provider
 from dsv4spec.bench.sglang_mhc import sglang_mhc_peer
 from dsv4spec.kernels import mhc as K
-from dsv4spec.kernels.device import round_to
 from dsv4spec.ops import mhc_post_reference, mhc_pre_reference
 from dsv4spec.timing import time_in_graph
 
@@ -71,26 +66,21 @@ for _bh in (256, 512, 2048):
 PRE_VARIANTS["default finalize w2"] = {"warps": None}  # filled per T below
 
 # the boundary's token-row partials (an override) against the float64 pre of their own residual
-BOUNDARY_ROWS = {"rows (t, i)": {}}
+BOUNDARY_ROWS = {"default": {}, "rows (t, i)": {"mma": True, "token_rows": False}}
 for _bt, _bk, _w, _st, _split in ((64, 32, 4, 2, False), (64, 32, 4, 1, False),
                                   (64, 32, 4, 3, False), (32, 32, 4, 2, False),
                                   (16, 32, 4, 2, False), (64, 32, 8, 2, False),
                                   (64, 16, 4, 2, False), (64, 32, 4, 2, True)):
     BOUNDARY_ROWS[f"tok t{_bt} k{_bk} w{_w} st{_st}{' split' if _split else ''}"] = tensor_cores(
         True, _bt, _bk, _w, presplit=_split, stages=_st)
-
-
-@triton.jit
-def fma_mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
-    # kernels/mhc.py's _mix as explicit fmas (--fma-mix): no contraction left to the compiler,
-    # so two copies of the mix in two register layouts give the same bits
-    v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
-    return round_to(tl.fma(p, fv, v), DTYPE)
+BOUNDARY_ROWS["tok t64 k16 w4 st3"] = tensor_cores(True, 64, 16, 4, presplit=False, stages=3)
+BOUNDARY_ROWS["tok t32 k16 w4 st2"] = tensor_cores(True, 32, 16, 4, presplit=False, stages=2)
+# at the other sizes: the default, the (t, i) rows and the 32-wide chunks
+BOUNDARY_ROWS_FEW = ("default", "rows (t, i)", "tok t64 k32 w4 st2", "tok t64 k16 w4 st3")
 
 
 def boundary_rows(case: Case, name: str, ov: dict) -> dict:
-    row = {"op": "post_pre own", "T": case.T, "H": case.H, "variant": name,
-           "mix": "fma" if K._mix is fma_mix else "kernels/mhc.py"}
+    row = {"op": "post_pre own", "T": case.T, "H": case.H, "variant": name}
     post, comb = case.ref[0].float(), case.ref[1].float()
     try:
         def call():
@@ -164,11 +154,7 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--sweep", nargs="+", default=["pre", "post", "breakdown"],
                    choices=["pre", "post", "breakdown", "boundary-rows"])
-    p.add_argument("--fma-mix", action="store_true",
-                   help="the boundary's mix as explicit fmas (set before any kernel compiles)")
     a = p.parse_args(argv)
-    if a.fma_mix:
-        K._mix = fma_mix
     sweep = Sweep(f"{a.out}/mhc_mid_t.json")
     case, emit, rows = sweep.case, sweep.emit, sweep.rows
     peer = sglang_mhc_peer()
@@ -181,9 +167,11 @@ def main(argv=None) -> int:
                 lambda c=c, ov=ov: K.mhc_pre_triton(c.x, *c.args(), **ov))})
 
     if "boundary-rows" in a.sweep:
-        for T, H in ((1024, 7168), (512, 4096)):
+        for T, H in ((1024, 7168), (512, 4096), (512, 7168), (4096, 7168), (1024, 4096),
+                     (4096, 4096)):
             for name, ov in BOUNDARY_ROWS.items():
-                emit(boundary_rows(case(T, H), name, ov))
+                if (T, H) in ((1024, 7168), (512, 4096)) or name in BOUNDARY_ROWS_FEW:
+                    emit(boundary_rows(case(T, H), name, ov))
     if "breakdown" in a.sweep:  # the defaults first, the fastest variants after the sweep
         for T in (32, 64, 256):
             breakdown(T, ["default"])

@@ -19,9 +19,12 @@ RMS_EPS, HC_EPS, NORM_EPS, ITERS = 0.25, 1.0, 0.5, 20
 HEAD_RMS_EPS, HEAD_HC_EPS = 0.125, 0.75
 
 
-def reference(op, t, norm=True):
+def reference(op, t, norm=True, own_residual=None):
     """dsv4spec's float64 reference for ``op`` on the inputs ``t``, in the engines' output
-    shapes."""
+    shapes. With ``own_residual`` (the fused boundary's own new residual) the boundary's pre is
+    the float64 pre of that residual: where the fp32 mix lands within rounding of a bf16 tie the
+    residual takes the other neighbour (1 ulp), and the layer input sees that step, so a pre of
+    the reference's own residual would charge the pre with the post's rounding."""
     if op == "hc_head":
         return hc_head_reference(t["residual"].double(), t["head_fn"].double(),
                                  t["head_scale"].double(), t["head_base"].double(),
@@ -38,6 +41,8 @@ def reference(op, t, norm=True):
         return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
     new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
                                                 *weights, **kw)
+    if own_residual is not None:
+        post, comb, y = mhc_pre_reference(own_residual, *weights, **kw)
     return new, post.unsqueeze(-1), comb, y
 
 

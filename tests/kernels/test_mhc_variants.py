@@ -87,14 +87,17 @@ def test_tensor_core_partials_planned_for_bf16_prefill_only():
     assert not K.plan(4096, 7168, -1, dtype=torch.float32).mma
 
 
-def test_pre_plans_token_rows_and_the_boundary_rows_t_i():
+def test_pre_plans_token_rows_and_the_boundary_rows_t_i_then_token_rows():
     from dsv4spec.kernels import mhc as K
 
     pre = K.plan(4096, 7168, -1, dtype=torch.bfloat16)
     assert pre.token_rows and pre.presplit and pre.chunks_per_split > 1
-    for T in (K.MMA_MIN_TOKENS, 512, 4096):  # token rows missed float64 there on the H200
+    for T in (K.MMA_MIN_TOKENS, K.BOUNDARY_TOKEN_ROWS_MIN_TOKENS - 1):
         boundary = K.plan(T, 7168, -1, dtype=torch.bfloat16, boundary=True)
         assert boundary.mma and not boundary.token_rows and not boundary.presplit
+    for T in (K.BOUNDARY_TOKEN_ROWS_MIN_TOKENS, 4096):  # fn split per chunk: no split launch
+        boundary = K.plan(T, 7168, -1, dtype=torch.bfloat16, boundary=True)
+        assert boundary.mma and boundary.token_rows and not boundary.presplit
 
 
 def test_pre_finalize_takes_wide_blocks_up_to_its_bound():

@@ -37,9 +37,10 @@ on tensor cores (fn in three bf16 parts); post and comb stay within 1e-5 of floa
 their largest value, as on CUDA cores (the GPU tests at 128-4096 tokens). ``mhc_pre``'s take
 tokens as the tile's rows, each stream's tile times its own columns of fn, which a launch of its
 own first splits into bf16 parts (``_split_fn_kernel``); the boundary's take rows (t, i) against
-every stream's columns and keep a quarter of the products: their token rows (the new residual
-formed in registers as the row tile, an override) were faster from 512 tokens but missed the
-float64 pre of their own residual on the H200 (docs/design.md, mHC).
+every stream's columns and keep a quarter of the products, and from
+``BOUNDARY_TOKEN_ROWS_MIN_TOKENS`` token rows too, the new residual formed in registers as the
+row tile (fn split per chunk): its mix is written as explicit fmas so that the copy the tensor
+cores read and the copy stored carry the same bits (docs/design.md, mHC).
 
 Bytes (bf16, H = 7168, T = 4): ``fn`` is 24 x 28672 fp32 = 2.75 MB, a different tensor per layer,
 so it dominates; the partials spread it over 112 programs (one HBM round trip for the whole
@@ -98,6 +99,11 @@ TAIL_FUSED_MAX_TOKENS = 192
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
+# The boundary's tensor-core partials with tokens as rows from this many tokens: 1.09-1.24x the
+# (t, i) rows at 512-4096 tokens (both widths), 0.96x at 256 (mhc_large_t.json); they match
+# the float64 pre of their own residual once _mix is explicit fmas
+# (mhc_boundary_token_rows_fma.json)
+BOUNDARY_TOKEN_ROWS_MIN_TOKENS = 512
 # mhc_pre's finalize in 2048-wide H-blocks from 129 tokens up to this many elements of T x H,
 # 512 above: 28.8 -> 26.1 us at 256 tokens (H = 7168), 44.7 -> 41.6 at 1024 (H = 4096)
 # (benchmarks/results/mhc/mhc_streams_k.json, the default rows)
@@ -107,9 +113,12 @@ WIDE_FINALIZE_MAX_ELEMENTS = 1024 * 4096
 @triton.jit
 def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
     # x'_j = post_j f + sum_i comb[i, j] x_i, rounded to the stream dtype (then exact in fp32);
-    # the same expression in the boundary's partials and in mhc_post
-    v = p * fv + (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3)
-    return round_to(v, DTYPE)
+    # the same expression in the boundary's partials and in mhc_post. Explicit fmas: a kernel
+    # that holds the mix in two register layouts (the token-row partials: the tensor cores'
+    # operand and the store's) computes it twice, and left to the compiler each copy was
+    # contracted its own way, so the stored residual and the dotted one differed in bits.
+    v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
+    return round_to(tl.fma(p, fv, v), DTYPE)
 
 
 @triton.jit
@@ -855,18 +864,18 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     # 3 stages, fn split into bf16 parts by its own launch first, about two programs per SM
     # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
     # the (t, i) rows at 256-4096). The boundary: rows (t, i), 32 tokens, 64-wide chunks,
-    # 8 warps (mhc_sweep.json). Its token rows (fn split per chunk, 2 stages) were 1.1-1.24x
-    # faster from 512 tokens but off the float64 pre of their own residual by 2e-5-4e-5 of
-    # post at 1024 and 4096 tokens on the H200 (the interpreter exact): not planned. The
-    # finalize as at large T on CUDA cores, in wider H-blocks for mhc_pre up to
-    # WIDE_FINALIZE_MAX_ELEMENTS.
+    # 8 warps (mhc_sweep.json) below BOUNDARY_TOKEN_ROWS_MIN_TOKENS; from there token rows
+    # with fn split per chunk, 16-wide chunks and 2 stages (the split launch was slower with
+    # the new residual formed in the same program; 16-wide chunks 1.1x the 32-wide at 1024 x
+    # 7168 and 512 x 4096: mhc_boundary_token_rows_fma.json). The finalize as at large T on
+    # CUDA cores, in wider H-blocks for mhc_pre up to WIDE_FINALIZE_MAX_ELEMENTS.
     if token_rows is None:
-        token_rows = not boundary
+        token_rows = not boundary or T >= BOUNDARY_TOKEN_ROWS_MIN_TOKENS
     if presplit is None:
         presplit = token_rows and not boundary
     if block_t is None:
         block_t = 64 if token_rows else 32
-    block_k = block_k or (32 if token_rows else 64)
+    block_k = block_k or ((16 if boundary else 32) if token_rows else 64)
     n_chunks = triton.cdiv(H, block_k)
     if num_splits is None:
         num_splits = min(n_chunks, max(1, 2 * num_sms // triton.cdiv(T, block_t)))

@@ -506,7 +506,8 @@ def test_gpu_hook_in_a_cuda_graph(sgl, measured, op):
             t[k].copy_(new[k])
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(out, reference(op, t), f"replay {seed} vs float64")
+        own = out[0] if op == "mhc_fused_post_pre" else None
+        assert_close(out, reference(op, t, own_residual=own), f"replay {seed} vs float64")
         # SGLang's TileLang kernels (where TileLang is installed) are further from float64:
         # post and comb ~2e-4 of their largest value at H = 7168, ours ~1e-7; the layer input
         # up to ~6e-3 of its largest value (max_err of SGLang's rows in
