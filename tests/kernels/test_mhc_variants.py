@@ -98,6 +98,7 @@ def test_pre_plans_token_rows_and_the_boundary_rows_t_i_then_token_rows():
     for T in (K.BOUNDARY_TOKEN_ROWS_MIN_TOKENS, 4096):  # fn split per chunk: no split launch
         boundary = K.plan(T, 7168, -1, dtype=torch.bfloat16, boundary=True)
         assert boundary.mma and boundary.token_rows and not boundary.presplit
+        assert (boundary.block_k, boundary.stages) == (16, 3)
 
 
 def test_pre_finalize_takes_wide_blocks_up_to_its_bound():

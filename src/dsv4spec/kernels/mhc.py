@@ -99,10 +99,10 @@ TAIL_FUSED_MAX_TOKENS = 192
 # bf16 streams from this many tokens: the partials on tensor cores (at 64 tokens the CUDA-core
 # partials are as fast or faster, at 256 the tensor cores 1.2-1.5x: mhc_sweep.json)
 MMA_MIN_TOKENS = 128
-# The boundary's tensor-core partials with tokens as rows from this many tokens: 1.09-1.24x the
-# (t, i) rows at 512-4096 tokens (both widths), 0.96x at 256 (mhc_large_t.json); they match
-# the float64 pre of their own residual once _mix is explicit fmas
-# (mhc_boundary_token_rows_fma.json)
+# The boundary's tensor-core partials with tokens as rows from this many tokens: 1.08-1.53x the
+# (t, i) rows at 512-4096 tokens, both widths (mhc_boundary_token_rows_fma.json; with 32-wide
+# chunks 0.96x at 256: mhc_large_t.json), and as close to the float64 pre of their own residual
+# once _mix is explicit fmas
 BOUNDARY_TOKEN_ROWS_MIN_TOKENS = 512
 # mhc_pre's finalize in 2048-wide H-blocks from 129 tokens up to this many elements of T x H,
 # 512 above: 28.8 -> 26.1 us at 256 tokens (H = 7168), 44.7 -> 41.6 at 1024 (H = 4096)
@@ -865,10 +865,11 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     # (the best of benchmarks/results/mhc/mhc_large_t.json at 1024 and 4096 tokens, 1.3-1.9x
     # the (t, i) rows at 256-4096). The boundary: rows (t, i), 32 tokens, 64-wide chunks,
     # 8 warps (mhc_sweep.json) below BOUNDARY_TOKEN_ROWS_MIN_TOKENS; from there token rows
-    # with fn split per chunk, 16-wide chunks and 2 stages (the split launch was slower with
-    # the new residual formed in the same program; 16-wide chunks 1.1x the 32-wide at 1024 x
-    # 7168 and 512 x 4096: mhc_boundary_token_rows_fma.json). The finalize as at large T on
-    # CUDA cores, in wider H-blocks for mhc_pre up to WIDE_FINALIZE_MAX_ELEMENTS.
+    # with fn split per chunk, 16-wide chunks and 3 stages (the split launch was slower with
+    # the new residual formed in the same program; 16-wide chunks with 3 stages 1.04-1.14x the
+    # 2 stages and 1.17-1.26x the 32-wide chunks at 512-4096 tokens, both widths:
+    # mhc_boundary_token_rows_fma.json). The finalize as at large T on CUDA cores, in wider
+    # H-blocks for mhc_pre up to WIDE_FINALIZE_MAX_ELEMENTS.
     if token_rows is None:
         token_rows = not boundary or T >= BOUNDARY_TOKEN_ROWS_MIN_TOKENS
     if presplit is None:
@@ -893,7 +894,7 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     if warps is None:
         warps = (4 if token_rows else 8 if block_t >= 32 else 4, 1)
     if stages is None and token_rows:
-        stages = 2 if boundary else 3
+        stages = 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True, token_rows=bool(token_rows), stages=stages,
                    presplit=bool(token_rows and presplit))

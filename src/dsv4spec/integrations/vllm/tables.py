@@ -13,10 +13,12 @@ path with DeepGEMM off): ``benchmarks/results/plugin/vllm_plugin.md`` (``dsv4spe
 2026-12-01 22:21, each hooked call beside vLLM's own at T = 1, 2, 4, 8, 16, 32, 64, 256 and
 H = 4096 / 7168). The mHC hooks won at every measured point, in a graph and eager (the boundary
 6.40 vs 8.42 us at T = 1, H = 7168; ``mhc_pre`` at H = 4096, T = 16 by 0.4 %, the narrowest), and
-``benchmarks/results/mhc/mhc.md`` and ``mhc_h4096.md`` (2026-12-02 04:37-04:40) add T = 1024 and
-4096 at both widths, where ours won each mHC op again (``mhc_pre`` 200 vs 906 us at 4096 tokens,
-H = 7168; the boundary 619 vs 1028; the narrowest, ``mhc_post`` at H = 4096, 19.2 vs 20.0 at
-1024), so the mHC spans reach 4096 at both widths. hc_head
+``bench mhc`` (2026-12-02 04:37-04:40, code 2de4f81:
+``benchmarks/results/archive/mhc_2026-12-02_token_rows/``) adds T = 1024 and 4096 at both widths,
+where ours won each mHC op again (``mhc_pre`` 200 vs 906 us at 4096 tokens, H = 7168; the
+boundary 619 vs 1028; the narrowest, ``mhc_post`` at H = 4096, 19.2 vs 20.0 at 1024), so the mHC
+spans reach 4096 at both widths (with the boundary's token rows, ``benchmarks/results/mhc/``
+12:44-12:53, 408 vs 1034 us at 4096). hc_head
 won everywhere eagerly and in a graph at H = 7168 (3.85 vs 7.99 us at T = 1, 13.4 vs 14.0 at
 256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us), so the
 graph span there stops at 32 and holds 256 alone. ``dsv4spec tune --engine vllm`` measures these
