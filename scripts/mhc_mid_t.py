@@ -75,7 +75,10 @@ for _bt, _bk, _w, _st, _split in ((64, 32, 4, 2, False), (64, 32, 4, 1, False),
         True, _bt, _bk, _w, presplit=_split, stages=_st)
 BOUNDARY_ROWS["tok t64 k16 w4 st3"] = tensor_cores(True, 64, 16, 4, presplit=False, stages=3)
 BOUNDARY_ROWS["tok t32 k16 w4 st2"] = tensor_cores(True, 32, 16, 4, presplit=False, stages=2)
-# at the other sizes: the default, the (t, i) rows and the 32-wide chunks
+# every variant at the first sizes; at the others the default, the (t, i) rows, the 32-wide
+# chunks and the 16-wide with 3 stages
+BOUNDARY_ROWS_ALL_AT = ((1024, 7168), (512, 4096))
+BOUNDARY_ROWS_FEW_AT = ((512, 7168), (4096, 7168), (1024, 4096), (4096, 4096))
 BOUNDARY_ROWS_FEW = ("default", "rows (t, i)", "tok t64 k32 w4 st2", "tok t64 k16 w4 st3")
 
 
@@ -167,11 +170,10 @@ def main(argv=None) -> int:
                 lambda c=c, ov=ov: K.mhc_pre_triton(c.x, *c.args(), **ov))})
 
     if "boundary-rows" in a.sweep:
-        for T, H in ((1024, 7168), (512, 4096), (512, 7168), (4096, 7168), (1024, 4096),
-                     (4096, 4096)):
-            for name, ov in BOUNDARY_ROWS.items():
-                if (T, H) in ((1024, 7168), (512, 4096)) or name in BOUNDARY_ROWS_FEW:
-                    emit(boundary_rows(case(T, H), name, ov))
+        for T, H in BOUNDARY_ROWS_ALL_AT + BOUNDARY_ROWS_FEW_AT:
+            names = BOUNDARY_ROWS if (T, H) in BOUNDARY_ROWS_ALL_AT else BOUNDARY_ROWS_FEW
+            for name in names:
+                emit(boundary_rows(case(T, H), name, BOUNDARY_ROWS[name]))
     if "breakdown" in a.sweep:  # the defaults first, the fastest variants after the sweep
         for T in (32, 64, 256):
             breakdown(T, ["default"])

@@ -39,9 +39,11 @@ def reference(op, t, norm=True, own_residual=None):
     post2 = t["post"].squeeze(-1)
     if op == "mhc_post":
         return mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
-    new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
-                                                *weights, **kw)
-    if own_residual is not None:
+    if own_residual is None:
+        new, post, comb, y = mhc_post_pre_reference(t["x"], t["residual"], post2, t["comb"],
+                                                    *weights, **kw)
+    else:
+        new = mhc_post_reference(t["x"], t["residual"], post2, t["comb"])
         post, comb, y = mhc_pre_reference(own_residual, *weights, **kw)
     return new, post.unsqueeze(-1), comb, y
 
