@@ -111,14 +111,20 @@ WIDE_FINALIZE_MAX_ELEMENTS = 1024 * 4096
 
 
 @triton.jit
-def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr):
+def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr, FMA: tl.constexpr):
     # x'_j = post_j f + sum_i comb[i, j] x_i, rounded to the stream dtype (then exact in fp32);
-    # the same expression in the boundary's partials and in mhc_post. Explicit fmas: a kernel
-    # that holds the mix in two register layouts (the token-row partials: the tensor cores'
-    # operand and the store's) computes it twice, and left to the compiler each copy was
-    # contracted its own way, so the stored residual and the dotted one differed in bits.
-    v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
-    return round_to(tl.fma(p, fv, v), DTYPE)
+    # the same expression in the boundary's partials and in mhc_post. FMA writes it as explicit
+    # fmas: a kernel that holds the mix in two register layouts (the token-row partials: the
+    # tensor cores' operand and the store's) computes it twice, and left to the compiler each
+    # copy was contracted its own way, so the stored residual and the dotted one differed in
+    # bits. Elsewhere the compiler's own contraction (as many fmas, another instruction order)
+    # is kept where it measured faster: the CUDA-core partials at 32 tokens, 12.6 vs 13.6 us
+    # (benchmarks/results/mhc/mhc_mix_ab.md).
+    if FMA:
+        v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
+        return round_to(tl.fma(p, fv, v), DTYPE)
+    else:
+        return round_to(p * fv + (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3), DTYPE)
 
 
 @triton.jit
@@ -139,16 +145,16 @@ def _load_mixes(post_ptr, comb_ptr, t, mask):
 
 
 @triton.jit
-def _store_new_residual(xnew_ptr, offs, H, mask, mixes, fv, x0, x1, x2, x3):
+def _store_new_residual(xnew_ptr, offs, H, mask, mixes, fv, x0, x1, x2, x3, FMA: tl.constexpr):
     # the 4 streams x'_j (_mix of fp32 x_i, f and _load_mixes' 20 weights), stored at
     # offs + j * H; returned in the stream dtype: the partials kernels' POST
     (p0, p1, p2, p3, c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30,
      c31, c32, c33) = mixes
     dt = xnew_ptr.dtype.element_ty
-    n0 = _mix(p0, c00, c10, c20, c30, fv, x0, x1, x2, x3, dt)
-    n1 = _mix(p1, c01, c11, c21, c31, fv, x0, x1, x2, x3, dt)
-    n2 = _mix(p2, c02, c12, c22, c32, fv, x0, x1, x2, x3, dt)
-    n3 = _mix(p3, c03, c13, c23, c33, fv, x0, x1, x2, x3, dt)
+    n0 = _mix(p0, c00, c10, c20, c30, fv, x0, x1, x2, x3, dt, FMA)
+    n1 = _mix(p1, c01, c11, c21, c31, fv, x0, x1, x2, x3, dt, FMA)
+    n2 = _mix(p2, c02, c12, c22, c32, fv, x0, x1, x2, x3, dt, FMA)
+    n3 = _mix(p3, c03, c13, c23, c33, fv, x0, x1, x2, x3, dt, FMA)
     tl.store(xnew_ptr + offs, n0, mask=mask)
     tl.store(xnew_ptr + offs + H, n1, mask=mask)
     tl.store(xnew_ptr + offs + 2 * H, n2, mask=mask)
@@ -216,7 +222,7 @@ def _mhc_partials_kernel(
         if POST:
             fv = tl.load(f_ptr + t3 * H + h3, mask=mask, other=0.0).to(tl.float32)
             n0, n1, n2, n3 = _store_new_residual(xnew_ptr, offs, H, mask, mixes, fv, x0, x1,
-                                                 x2, x3)
+                                                 x2, x3, False)
             x0 = n0.to(tl.float32)
             x1 = n1.to(tl.float32)
             x2 = n2.to(tl.float32)
@@ -323,7 +329,7 @@ def _mhc_partials_mma_kernel(
             y1 = tl.load(x_ptr + o2 + H, mask=m2, other=0.0).to(tl.float32)
             y2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0).to(tl.float32)
             y3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0).to(tl.float32)
-            _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv, y0, y1, y2, y3)
+            _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv, y0, y1, y2, y3, False)
             tl.debug_barrier()
             xt = tl.load(xnew_ptr + rows[:, None] + offs_h[None, :],
                          mask=mask_r[:, None] & mask_h[None, :], other=0.0)
@@ -432,7 +438,7 @@ def _mhc_partials_token_mma_kernel(
             fv = tl.load(f_ptr + tt * H + hh, mask=m2, other=0.0).to(tl.float32)
             x0, x1, x2, x3 = _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv,
                                                  x0.to(tl.float32), x1.to(tl.float32),
-                                                 x2.to(tl.float32), x3.to(tl.float32))
+                                                 x2.to(tl.float32), x3.to(tl.float32), True)
         acc = _token_row_dots(acc, x0, fn_ptr, stride_fn, offs_h, mask_h, 0, H, PRESPLIT)
         acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
         acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
@@ -766,14 +772,19 @@ def _mhc_post_kernel(
     cp = comb_ptr + t * 16
     dt = out_ptr.dtype.element_ty
     o = out_ptr + t * (4 * H) + offs_h
+    # the fmas written out: 2.00 vs 2.14 us at 64 tokens x 4096, a tie elsewhere (mhc_mix_ab.md)
     tl.store(o, _mix(tl.load(pp), tl.load(cp), tl.load(cp + 4), tl.load(cp + 8),
-                     tl.load(cp + 12), fv, x0, x1, x2, x3, dt), mask=mask_h)
+                     tl.load(cp + 12), fv, x0, x1, x2, x3, dt, True),
+             mask=mask_h)
     tl.store(o + H, _mix(tl.load(pp + 1), tl.load(cp + 1), tl.load(cp + 5), tl.load(cp + 9),
-                         tl.load(cp + 13), fv, x0, x1, x2, x3, dt), mask=mask_h)
+                         tl.load(cp + 13), fv, x0, x1, x2, x3, dt, True),
+             mask=mask_h)
     tl.store(o + 2 * H, _mix(tl.load(pp + 2), tl.load(cp + 2), tl.load(cp + 6), tl.load(cp + 10),
-                             tl.load(cp + 14), fv, x0, x1, x2, x3, dt), mask=mask_h)
+                             tl.load(cp + 14), fv, x0, x1, x2, x3, dt, True),
+             mask=mask_h)
     tl.store(o + 3 * H, _mix(tl.load(pp + 3), tl.load(cp + 3), tl.load(cp + 7), tl.load(cp + 11),
-                             tl.load(cp + 15), fv, x0, x1, x2, x3, dt), mask=mask_h)
+                             tl.load(cp + 15), fv, x0, x1, x2, x3, dt, True),
+             mask=mask_h)
 
 
 class _Config(NamedTuple):
