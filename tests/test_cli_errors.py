@@ -258,12 +258,19 @@ def test_a_full_standard_output_is_named(tmp_path):
         "dsv4spec generate: error: cannot write to standard output: No space left on device")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_generate_prints_its_message_on_a_line_of_its_own(tmp_path):
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "dsv4spec", *GEN[:3],
                                  "--max-new-tokens", "1000000", "--device", "cpu"],
-                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path,
+                                # a shell's background job (`make test &`) ignores SIGINT, and
+                                # a Python started so never raises KeyboardInterrupt
+                                preexec_fn=_default_sigint)
         deadline = time.monotonic() + 120
         while "tok/s" not in err_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)  # the progress bar has drawn a rate: inside the loop

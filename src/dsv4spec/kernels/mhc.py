@@ -117,9 +117,9 @@ def _mix(p, c0, c1, c2, c3, fv, x0, x1, x2, x3, DTYPE: tl.constexpr, FMA: tl.con
     # fmas: a kernel that holds the mix in two register layouts (the token-row partials: the
     # tensor cores' operand and the store's) computes it twice, and left to the compiler each
     # copy was contracted its own way, so the stored residual and the dotted one differed in
-    # bits. Elsewhere the compiler's own contraction (as many fmas, another instruction order)
-    # is kept where it measured faster: the CUDA-core partials at 32 tokens, 12.6 vs 13.6 us
-    # (benchmarks/results/mhc/mhc_mix_ab.md).
+    # bits. Elsewhere (the (t, i) partials, mhc_post) the compiler's own contraction (as many
+    # fmas, another order of them and of the loads) measured faster: the boundary at 32 tokens
+    # 12.6 vs 13.6 us (benchmarks/results/mhc/mhc_mix_ab.md).
     if FMA:
         v = tl.fma(c3, x3, tl.fma(c2, x2, tl.fma(c1, x1, c0 * x0)))
         return round_to(tl.fma(p, fv, v), DTYPE)
@@ -772,18 +772,20 @@ def _mhc_post_kernel(
     cp = comb_ptr + t * 16
     dt = out_ptr.dtype.element_ty
     o = out_ptr + t * (4 * H) + offs_h
-    # the fmas written out: 2.00 vs 2.14 us at 64 tokens x 4096, a tie elsewhere (mhc_mix_ab.md)
+    # the mix as the boundary's (t, i) partials write it, so that below
+    # BOUNDARY_TOKEN_ROWS_MIN_TOKENS the two compile the same expression (the fmas written out
+    # were 2.00 vs 2.14 us at 64 tokens x 4096, a tie elsewhere: mhc_mix_ab.md)
     tl.store(o, _mix(tl.load(pp), tl.load(cp), tl.load(cp + 4), tl.load(cp + 8),
-                     tl.load(cp + 12), fv, x0, x1, x2, x3, dt, True),
+                     tl.load(cp + 12), fv, x0, x1, x2, x3, dt, False),
              mask=mask_h)
     tl.store(o + H, _mix(tl.load(pp + 1), tl.load(cp + 1), tl.load(cp + 5), tl.load(cp + 9),
-                         tl.load(cp + 13), fv, x0, x1, x2, x3, dt, True),
+                         tl.load(cp + 13), fv, x0, x1, x2, x3, dt, False),
              mask=mask_h)
     tl.store(o + 2 * H, _mix(tl.load(pp + 2), tl.load(cp + 2), tl.load(cp + 6), tl.load(cp + 10),
-                             tl.load(cp + 14), fv, x0, x1, x2, x3, dt, True),
+                             tl.load(cp + 14), fv, x0, x1, x2, x3, dt, False),
              mask=mask_h)
     tl.store(o + 3 * H, _mix(tl.load(pp + 3), tl.load(cp + 3), tl.load(cp + 7), tl.load(cp + 11),
-                             tl.load(cp + 15), fv, x0, x1, x2, x3, dt, True),
+                             tl.load(cp + 15), fv, x0, x1, x2, x3, dt, False),
              mask=mask_h)
 
 
