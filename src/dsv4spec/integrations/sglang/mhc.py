@@ -65,10 +65,11 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # ("graph": device time inside a CUDA graph; "eager": host wall time per back-to-back eager call)
 # and hidden size H: inclusive token ranges, read from the measured-faster tables
 # (dsv4spec.integrations.tables: the GPU's file, tables/NVIDIA_H200.json on an H200, sm_90.json
-# on other sm_90 GPUs). The H200's, from benchmarks/results/mhc/mhc.md (H200, 2026-12-01: SGLang
-# 0.5.23's TileLang kernels side by side with ours at T = 1, 16, 64, 4096): in a graph ours won
-# pre and the fused boundary at T = 1 and 16 (and the boundary at 64, beyond the 32-token cap),
-# lost post at every T <= 64 and tied it at 4096; eager, ours won every op at T <= 64.
+# on other sm_90 GPUs). The H200's, from the first bench mhc runs (H200, 2026-12-01,
+# benchmarks/results/archive/mhc_2026-12-01*/: SGLang 0.5.23's TileLang kernels side by side
+# with ours at T = 1, 16, 64, 4096): in a graph ours won pre and the fused boundary at T = 1
+# and 16 (and the boundary at 64, beyond the 32-token cap), lost post at every T <= 64 and tied
+# it at 4096; eager, ours won every op at T <= 64.
 SGLANG_MHC_PRE_FASTER: FasterTable = faster_table("sglang", "mhc_pre")
 SGLANG_MHC_POST_FASTER: FasterTable = faster_table("sglang", "mhc_post")
 SGLANG_MHC_FUSED_POST_PRE_FASTER: FasterTable = faster_table("sglang", "mhc_fused_post_pre")
