@@ -41,6 +41,14 @@ class DroppedOutput(Recording):
         return residual
 
 
+@pytest.fixture(autouse=True)
+def _references_on_cpu(monkeypatch):
+    # The ops' own dispatch sends CPU tensors to their float64 references unless Triton's
+    # interpreter is on (as in CI, for the kernel tests): the model's plumbing is under test
+    # here, and the interpreted kernels (tests/ops, tests/kernels) cost half a minute a forward
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
 @pytest.fixture(scope="module")
 def model():
     return init_weights(Transformer(preset("tiny")), seed=1).requires_grad_(False)
