@@ -45,7 +45,7 @@ class DroppedOutput(Recording):
 def _references_on_cpu(monkeypatch):
     # The ops' own dispatch sends CPU tensors to their float64 references unless Triton's
     # interpreter is on (as in CI, for the kernel tests): the model's plumbing is under test
-    # here, and the interpreted kernels (tests/ops, tests/kernels) cost half a minute a forward
+    # here, and the interpreted kernels (tests/ops, tests/kernels) cost these tests 20-43 s each
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
