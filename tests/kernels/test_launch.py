@@ -1,8 +1,9 @@
 """LaunchCache: the first launch per key goes through Triton, later ones straight to the C launcher.
 
 The direct path needs CUDA; here a stand-in kernel records what each path receives, so the
-argument layout (pointer addresses first, then every bound scalar and constexpr, in signature
-order) is checked on CPU. The GPU tests in tests/ops check the real kernels bit for bit.
+argument layout of each Triton release's C launcher (pointer addresses first, then every bound
+scalar and constexpr, in signature order) is checked on CPU. The GPU tests in tests/ops check the
+real kernels bit for bit against Triton's own dispatch under each release.
 """
 
 import pytest
@@ -15,6 +16,8 @@ from dsv4spec.kernels.launch import LaunchCache, alignment_key
 class FakeLauncher:
     global_scratch_size = profile_scratch_size = 0
     launch_cooperative_grid, launch_pdl = False, False
+    # Triton 3.8's generic launcher: one annotation per parameter (constexprs included)
+    arg_annotations, kernel_signature = ("a",) * 5, b"sig"
 
     def __init__(self, log):
         self.log = log
@@ -47,6 +50,7 @@ class FakeKernel:
 def cuda_like(monkeypatch):
     # the stand-in launcher takes Triton 3.6's arguments, whatever Triton runs the tests
     monkeypatch.setattr(LaunchCache, "enabled", True)
+    monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: "per_signature")
     monkeypatch.setattr(launch, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234, raising=False)
@@ -65,6 +69,39 @@ def test_first_launch_through_triton_then_direct_with_addresses(cuda_like):
     assert kernel.log[1:] == [("direct", (*head, 111, 222, 8, 0.5, 4)),
                               ("direct", (*head, 333, 444, 8, 0.5, 4))]
     assert cache.direct_launches == 2 and len(cache) == 1 and direct.num_pointers == 2
+
+
+def test_triton_38_layout_passes_the_arguments_as_one_tuple(cuda_like, monkeypatch):
+    monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: "generic")
+    kernel, x, y = FakeKernel(), torch.arange(8.0), torch.arange(4.0)
+    cache = LaunchCache(kernel)
+    cache.launch("k", (2, 3, 1), (x, y, 8, 0.5), {"BLOCK": 4}, num_warps=1)
+    cache.get("k")(111, 222)
+    head = (2, 3, 1, 1234, "fn", False, False, "meta", None, None, None, None, None,
+            ("a",) * 5, b"sig")
+    assert kernel.log[1:] == [("direct", (*head, (111, 222, 8, 0.5, 4)))]
+
+
+def test_triton_38_layout_with_scratch_or_other_arity_uses_the_launchers_call(cuda_like,
+                                                                             monkeypatch):
+    monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: "generic")
+    calls = []
+
+    class Launcher(FakeLauncher):
+        def __call__(self, *args):
+            calls.append(args)
+
+    for attr, value in (("global_scratch_size", 64), ("arg_annotations", ("a",) * 4)):
+        kernel, x = FakeKernel(), torch.arange(8.0)
+        compiled = FakeCompiled(kernel.log)
+        compiled.run = Launcher(kernel.log)
+        setattr(compiled.run, attr, value)
+        cache = LaunchCache(type("K", (), {"arg_names": FakeKernel.arg_names,
+                                           "__getitem__": lambda self, g: lambda *a, **k: compiled})())
+        cache.launch("k", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, num_warps=1)
+        cache.get("k")(5, 6)
+        assert kernel.log == []  # never the C launcher directly
+    assert calls == [(1, 1, 1, 1234, "fn", "meta", None, None, None, 5, 6, 8, 0.5, 4)] * 2
 
 
 def test_other_key_and_disabled_cache_have_no_direct_launch(cuda_like, monkeypatch):
@@ -104,7 +141,9 @@ def test_argument_layout_must_match_the_signature(cuda_like):
 def test_direct_launch_only_on_the_triton_releases_it_was_tested_with():
     assert launch.direct_launch_supported("3.6.0")
     assert launch.direct_launch_supported("3.6.0+git1234")
-    for other in ("3.5.1", "3.7.0", "3.8.0", "4.0.0"):
+    assert launch.direct_launch_layout("3.6.0") == "per_signature"
+    assert launch.direct_launch_layout("3.8.0") == "generic"
+    for other in ("3.5.1", "3.7.0", "3.8.1", "3.9.0", "4.0.0"):
         assert not launch.direct_launch_supported(other)
     assert LaunchCache.enabled == launch.direct_launch_supported()
 
@@ -118,7 +157,8 @@ def test_disabled_context_restores_the_previous_setting(monkeypatch):
 
 
 def test_untested_triton_launches_through_triton_only(cuda_like, monkeypatch):
-    monkeypatch.setattr(LaunchCache, "enabled", launch.direct_launch_supported("3.8.0"))
+    assert not launch.DIRECT_LAUNCH_LAYOUTS.get("3.9.0")
+    monkeypatch.setattr(LaunchCache, "enabled", False)  # what an import under 3.9.0 sets
     kernel, x = FakeKernel(), torch.arange(8.0)
     cache = LaunchCache(kernel)
     for _ in range(2):

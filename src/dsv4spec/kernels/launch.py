@@ -1,12 +1,12 @@
 """Lean eager launches of Triton kernels: the compiled kernel cached per call shape.
 
-``kernel[grid](...)`` (Triton 3.6) pays, every call, for binding and specialising each argument,
-a cache-key lookup, a launch-metadata dict for the (empty) launch-hook chain, two calls of that
-empty chain from the C launcher, and a ``cuPointerGetAttribute`` driver call per tensor argument:
-on the H200's host, well above the cached launch below, and more with more arguments (the
+``kernel[grid](...)`` pays, every call, for binding and specialising each argument, a cache-key
+lookup, a launch-metadata dict for the (empty) launch-hook chain and two calls of that empty
+chain from the C launcher; Triton 3.6's launcher adds a ``cuPointerGetAttribute`` driver call per
+tensor argument, Triton 3.8's a Python scratch-allocation step before its generic C launcher: on
+the H200's host, well above the cached launch below, and more with more arguments (the
 empty-kernel and ``hc_head_triton`` rows, Triton dispatcher vs ``LaunchCache``, of
-``benchmarks/results/eager_cost/eager_cost_tensor_cores.md``). Launch-bound ops pay that on every
-eager call.
+``benchmarks/results/eager_cost/``). Launch-bound ops pay that on every eager call.
 
 :class:`LaunchCache` keeps, per caller-chosen key, the ``CompiledKernel`` that Triton's own first
 launch returned, with every argument but the pointers bound; a later call with the same key
@@ -34,20 +34,33 @@ from dsv4spec.kernels import interpreter_enabled
 
 # The direct launch calls Triton's compiled-kernel internals (``CompiledKernel.function``,
 # ``packed_metadata`` and the C launcher's positional argument list), which change between
-# releases. It is enabled only on the releases whose GPU tests ran with it; any other release
-# launches through Triton's public ``kernel[grid](...)`` (correct, with more host time per call).
-DIRECT_LAUNCH_TRITON_VERSIONS = ("3.6.0",)
+# releases: Triton 3.6 compiles one C launcher per signature and takes the kernel's arguments
+# spread after the hooks; Triton 3.8 has one generic C launcher that takes the scratch buffers,
+# the argument annotations, a packed signature and the arguments as one tuple. Each release maps
+# to the argument layout its GPU tests ran with (bit-equal to ``kernel[grid](...)``); any other
+# release launches through Triton's public ``kernel[grid](...)`` (correct, more host time a call).
+DIRECT_LAUNCH_LAYOUTS = {"3.6.0": "per_signature", "3.8.0": "generic"}
+DIRECT_LAUNCH_TRITON_VERSIONS = tuple(DIRECT_LAUNCH_LAYOUTS)
+
+
+def _release(version: str) -> str:
+    return version.split("+")[0]
+
+
+def direct_launch_layout(version: str = triton.__version__) -> str | None:
+    """The C launcher's argument layout on this Triton release, or None where not validated."""
+    return DIRECT_LAUNCH_LAYOUTS.get(_release(version))
 
 
 def direct_launch_supported(version: str = triton.__version__) -> bool:
     """Whether :class:`LaunchCache` may bind direct launches on this Triton release."""
-    return version.split("+")[0] in DIRECT_LAUNCH_TRITON_VERSIONS
+    return direct_launch_layout(version) is not None
 
 
 def _hooks_installed() -> bool:
     runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-    # Triton 3.6 keeps hooks in (usually empty) HookChains; older versions use None.
+    # Triton 3.6 and 3.8 keep hooks in (usually empty) HookChains; older versions use None.
     return any(h is not None and getattr(h, "calls", True) for h in (enter, leave))
 
 
@@ -125,10 +138,27 @@ class LaunchCache:
         launcher = compiled.run
         get_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
         c_launch = getattr(launcher, "launch", None)
+        layout = direct_launch_layout()
+        # scratch buffers (global or profiler) are allocated per launch by the Python launcher
         scratch = (getattr(launcher, "global_scratch_size", 1)
                    or getattr(launcher, "profile_scratch_size", 1))
-        if c_launch is not None and not scratch:
-            # No scratch buffers to allocate: skip the launcher's Python __call__ as well.
+        # the generic launcher reads one argument per annotation, unchecked: bind only a match
+        generic = (layout == "generic" and c_launch is not None and not scratch
+                   and not getattr(launcher, "gsan_enabled", False)
+                   and len(getattr(launcher, "arg_annotations", ())) == num_pointers + len(bound))
+        if generic:
+            # Triton 3.8: CudaLauncher.__call__ minus its scratch step; ``launch`` is the
+            # generic C launcher itself (no tensor descriptors among our arguments)
+            coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+            annotations, signature = launcher.arg_annotations, launcher.kernel_signature
+
+            def direct(*pointers: int) -> None:
+                self.direct_launches += 1
+                c_launch(gx, gy, gz, get_stream(get_device()), function, coop, pdl, metadata,
+                         None, None, None, None, None, annotations, signature,
+                         (*pointers, *bound))
+        elif layout == "per_signature" and c_launch is not None and not scratch:
+            # Triton 3.6: no scratch buffers to allocate, so skip the launcher's Python __call__
             coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
 
             def direct(*pointers: int) -> None:
@@ -136,6 +166,7 @@ class LaunchCache:
                 c_launch(gx, gy, gz, get_stream(get_device()), function, coop, pdl, None, None,
                          metadata, None, None, None, *pointers, *bound)
         else:
+            # the launcher's own __call__ (the same positional layout in 3.6 and 3.8)
             def direct(*pointers: int) -> None:
                 self.direct_launches += 1
                 launcher(gx, gy, gz, get_stream(get_device()), function, metadata, None, None,
