@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from dsv4spec import cli
 from dsv4spec.bench import tune
@@ -122,12 +123,12 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(tune, "environment", lambda: {
-        "device": DEVICE, "dsv4spec": "0", "torch": "t", "triton": "3", "cuda": "13"})
+        "device": DEVICE, "dsv4spec": "0", "torch": "t", "triton": "3.6.0", "cuda": "13"})
     monkeypatch.setattr(tune, "Measure", FakeMeasure)
     monkeypatch.setattr(tune, "_sglang_version", lambda: "0.5.23")
     FakeMeasure.calls, FakeMeasure.stop_at = [], None
     monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path))
-    yield tmp_path / tables.device_file_name(DEVICE)
+    yield tmp_path / tables.device_file_name(DEVICE, "3.6")
     tables.clear_cache()
     for table in PLUGIN_TABLES:
         table.reload()
@@ -200,8 +201,10 @@ def test_gpu_tune_quick_end_to_end_and_the_plugins_load_its_file(tmp_path, monke
     if sglang_root() is None:
         pytest.skip("SGLang's source is not installed (or DSV4SPEC_SGLANG_ROOT unset)")
     monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path))
+    stack = tables.stack_of(triton.__version__)
+    monkeypatch.setattr(tables, "running_stack", lambda: stack)  # the suite pins 3.6
     assert cli.main(["tune", "--quick"]) == 0
-    path = tmp_path / tables.device_file_name(torch.cuda.get_device_name())
+    path = tmp_path / tables.device_file_name(torch.cuda.get_device_name(), stack)
     engines = tables.read_file(path)
     assert set(engines["sglang"]) == set(tune.GRIDS)
     architecture = tuple(torch.cuda.get_device_capability())

@@ -286,8 +286,10 @@ def test_user_dir_and_file_names(monkeypatch, tmp_path):
     assert tables.user_dir() == tmp_path / "t"
     assert tables.device_file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3.json"
     assert tables.architecture_name((10, 0)) == "sm_100"
+    assert tables.device_file_name(H200, "3.8") == "NVIDIA_H200.triton3.8.json"
     assert [p.name for p in tables.candidates(H200, SM90)] == [
-        "NVIDIA_H200.json", "NVIDIA_H200.json", "sm_90.json"]
+        "NVIDIA_H200.triton3.6.json", "NVIDIA_H200.json"] * 2 + [
+        "sm_90.triton3.6.json", "sm_90.json"]
     assert tables.candidates(H200, SM90)[0].parent == tmp_path / "t"
 
 
@@ -324,3 +326,65 @@ def test_the_vllm_plugin_reads_the_same_files(fresh, caplog):
         assert not any(vllm_hooks.prefers_dsv4spec(op, 1, 7168, g, SM90)
                        for op in VLLM_TABLES for g in (True, False))
     assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1
+
+
+def test_stack_of_a_triton_version():
+    assert tables.stack_of("3.8.0") == tables.stack_of("3.8.1+git9") == "3.8"
+    assert tables.stack_of("3.10.0") == "3.10"
+    for bad in ("", "3", "x.y.z", None):
+        with pytest.raises(ValueError):
+            tables.stack_of(bad)
+
+
+def test_a_file_without_its_triton_is_malformed():
+    data = packaged()
+    del data["measured"]["triton"]
+    with pytest.raises(ValueError, match="measured.triton"):
+        tables.validate(data)
+
+
+def test_tables_serve_only_under_the_triton_they_were_measured_with(fresh, monkeypatch, caplog):
+    """A file measured under another Triton is never read: under 3.9 (no table) every hook gets
+    the engine's code and one WARNING names `dsv4spec tune` and the stacks that were measured;
+    a user file of 3.9 (what `tune` writes under it) then serves, and the 3.6 file again under
+    3.6."""
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.9")
+    fresh(H200)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        assert not any(plugin_decides(h, 7168, 1, g, SM90) for h in ("mhc_post", "mhc_pre")
+                       for g in (True, False))
+        assert not vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 4, 7168, True, SM90)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "under Triton 3.9" in warnings[0]
+    assert "dsv4spec tune" in warnings[0] and "NVIDIA_H200.json under Triton 3.6" in warnings[0]
+    data = one_hook_file("mhc_post", graph={"7168": [[1, 3]]})
+    data["measured"]["triton"] = "3.9.0"
+    path = tables.user_dir() / tables.device_file_name(H200, "3.9")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    fresh(H200)
+    assert plugin_decides("mhc_post", 7168, 3, True, SM90)
+    assert not plugin_decides("mhc_post", 7168, 4, True, SM90)
+    assert not plugin_decides("mhc_pre", 7168, 1, True, SM90)  # no 3.9 row for it anywhere
+    assert mhc.TABLES["mhc_post"].sources[SM90] == path
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.6")
+    fresh(H200)  # the 3.9 file is not read under 3.6
+    assert plugin_decides("mhc_post", 7168, 1, True, SM90)
+    assert not plugin_decides("mhc_post", 7168, 3, True, SM90)
+
+
+def test_a_file_named_for_one_stack_but_measured_under_another_is_not_read(fresh, monkeypatch):
+    data = one_hook_file("mhc_post", graph={"7168": [[1, 3]]})  # measured under 3.6
+    path = tables.user_dir() / tables.device_file_name(H200, "3.9")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.9")
+    fresh(H200)
+    assert not plugin_decides("mhc_post", 7168, 1, True, SM90)
+
+
+def test_the_running_stack_is_the_imported_tritons(monkeypatch):
+    import triton
+
+    monkeypatch.undo()  # the suite pins the stack to the packaged 3.6 tables
+    assert tables.running_stack() == tables.stack_of(triton.__version__)

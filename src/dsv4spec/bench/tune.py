@@ -14,9 +14,10 @@ changes between neighbours, so the table is dense only where it needs to be; a w
 covers the counts up to the next measured one, the largest only itself, and keys between
 measured keys follow the file's rule (:mod:`dsv4spec.integrations.tables`).
 
-Writes ``<device>.json`` into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or the user cache
-directory). Every point is saved as it is measured (``<device>.json.partial``): an interrupted
-run resumes there with its points kept. A file that already holds a hook being tuned is not
+Writes ``<device>.triton<M.m>.json`` (the running Triton's stack: the plugins read a table only
+under the Triton it was measured with) into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or
+the user cache directory). Every point is saved as it is measured (``<file>.partial``): an
+interrupted run resumes there with its points kept. A file that already holds a hook being tuned is not
 replaced without ``--force`` (its other hooks are always kept). Needs a CUDA GPU and SGLang's
 source (an installed ``sglang`` or ``DSV4SPEC_SGLANG_ROOT``; the mHC hooks' peers also need
 TileLang).
@@ -544,13 +545,18 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     env = environment()
     out_dir = args.out_dir if args.out_dir is not None else tables.user_dir()
-    path = out_dir / tables.device_file_name(env["device"])
+    # one file per stack: the plugins read only tables measured under the Triton they run
+    stack = tables.stack_of(env["triton"])
+    path = out_dir / tables.device_file_name(env["device"], stack)
     partial = path.with_name(path.name + ".partial")
     existing = None
     if path.is_file():
         try:
             existing = json.loads(path.read_text())
             tables.validate(existing)
+            if tables.file_stack(existing) != stack:
+                raise ValueError(f"measured under Triton {tables.file_stack(existing)}, this "
+                                 f"process runs {stack}")
         except (OSError, ValueError) as e:
             if not args.force:
                 print(f"dsv4spec tune: error: {path} is not a readable tables file ({e}); "

@@ -1,15 +1,20 @@
 """Measured-faster tables as data: one JSON file per GPU, found by device name, read by every
 engine plugin through :func:`faster_table`.
 
-A hook serves dsv4spec's op only where its table says ours was measured faster on this GPU. The
-tables live in ``tables/<device>.json`` (the device name as CUDA reports it, spaces as
-underscores: ``NVIDIA_H200.json``), with one file per architecture (``sm_90.json``) for GPUs no
-file names; ``dsv4spec tune`` measures a GPU and writes its file into the user directory
+A hook serves dsv4spec's op only where its table says ours was measured faster on this GPU under
+the Triton release this process runs (its major.minor, the *stack*: our kernels are compiled by
+it, and Triton 3.8 compiles some of them slower than 3.6 did). The tables live in
+``tables/<device>.json`` (the device name as CUDA reports it, spaces as underscores:
+``NVIDIA_H200.json``), with one file per architecture (``sm_90.json``) for GPUs no file names;
+a file holds one stack, the one its ``measured.triton`` names, and files of other stacks are
+named ``<device>.triton<M.m>.json`` (``NVIDIA_H200.triton3.8.json``). ``dsv4spec tune`` measures
+a GPU under the running Triton and writes its file, named with its stack, into the user directory
 (``$DSV4SPEC_TABLES_DIR``, default ``$XDG_CACHE_HOME/dsv4spec/tables`` or
 ``~/.cache/dsv4spec/tables``). For each hook, the first file of this chain that holds the hook
-decides: the user directory's device file, the packaged device file, the packaged architecture
-file. A malformed file in the chain means the engine's own code for every hook on that GPU (one
-WARNING naming the file); no file at all, the same (one WARNING).
+and was measured under the running stack decides: the user directory's device files, the
+packaged device files, the packaged architecture files. A malformed file in the chain means the
+engine's own code for every hook on that GPU (one WARNING naming the file); no file at all, or
+files of other stacks only, the same (one WARNING naming ``dsv4spec tune``).
 
 Format (``FORMAT`` 1)::
 
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
 from dsv4spec.integrations.hooks import Architecture, Spans
 
@@ -73,23 +79,43 @@ def user_dir() -> Path:
     return Path(cache) / "dsv4spec" / "tables"
 
 
-def device_file_name(device_name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"`` (the engines' convention for tuned configs)."""
-    return "_".join(device_name.split()).replace("/", "_") + ".json"
+def stack_of(triton_version: str) -> str:
+    """A Triton release's stack, its major.minor: ``"3.8.0+git1"`` -> ``"3.8"``."""
+    parts = str(triton_version).split("+")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ValueError(f"not a Triton version: {triton_version!r}")
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
+def running_stack() -> str:
+    """The stack of the Triton this process compiles our kernels with."""
+    return stack_of(triton.__version__)
+
+
+def device_file_name(device_name: str, stack: str | None = None) -> str:
+    """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"`` (the engines' convention for tuned configs);
+    with a stack, ``"NVIDIA_H200.triton3.8.json"``."""
+    stem = "_".join(device_name.split()).replace("/", "_")
+    return stem + (f".triton{stack}" if stack else "") + ".json"
 
 
 def architecture_name(architecture: Architecture) -> str:
     return f"sm_{architecture[0]}{architecture[1]}"
 
 
-def candidates(device_name: str | None, architecture: Architecture) -> list[Path]:
-    """The files consulted for a GPU, in order: user device file, packaged device file, packaged
-    architecture file."""
+def candidates(device_name: str | None, architecture: Architecture,
+               stack: str | None = None) -> list[Path]:
+    """The files consulted for a GPU, in order: the user device files, the packaged device
+    files, the packaged architecture files; at each place the file named with ``stack`` (default
+    the running one) first, then the one named without a stack."""
+    stack = stack or running_stack()
     found = []
     if device_name:
-        found += [user_dir() / device_file_name(device_name),
-                  PACKAGED_DIR / device_file_name(device_name)]
-    return found + [PACKAGED_DIR / f"{architecture_name(architecture)}.json"]
+        for where in (user_dir(), PACKAGED_DIR):
+            found += [where / device_file_name(device_name, stack),
+                      where / device_file_name(device_name)]
+    arch = architecture_name(architecture)
+    return found + [PACKAGED_DIR / f"{arch}.triton{stack}.json", PACKAGED_DIR / f"{arch}.json"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,6 +184,7 @@ def validate(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
         raise ValueError(f"format {data['format']!r}, this dsv4spec reads format {FORMAT}")
     if not isinstance(data["measured"], dict) or not isinstance(data["engines"], dict):
         raise ValueError("measured and engines must be objects")
+    file_stack(data)
     engines = {}
     for engine, hooks in data["engines"].items():
         if engine not in ENGINES or not isinstance(hooks, dict):
@@ -184,10 +211,27 @@ def dumps(data: Any, indent: int = 0) -> str:
     return json.dumps(data)
 
 
+def file_stack(data: Any) -> str:
+    """The stack a tables file was measured under (its ``measured.triton``); ``ValueError``
+    where it names none."""
+    measured = data.get("measured") if isinstance(data, dict) else None
+    if not isinstance(measured, dict) or not isinstance(measured.get("triton"), str):
+        raise ValueError("measured.triton: expected the Triton version the file was measured "
+                         "under")
+    return stack_of(measured["triton"])
+
+
 def read_file(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
     """``path``'s tables, validated; raises ``OSError`` or ``ValueError``."""
+    return read_file_with_stack(path)[1]
+
+
+def read_file_with_stack(path: Path) -> tuple[str, dict[str, dict[str, dict[str, Any]]]]:
+    """``path``'s stack and tables, validated; raises ``OSError`` or ``ValueError``."""
     with open(path, encoding="utf-8") as f:
-        return validate(json.load(f))
+        data = json.load(f)
+    engines = validate(data)
+    return file_stack(data), engines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +291,7 @@ def _device_name(architecture: Architecture) -> str | None:
     return None
 
 
-_chains: dict[tuple[str | None, Architecture], list[tuple[Path, dict]] | None] = {}
+_chains: dict[tuple[str | None, Architecture, str], list[tuple[Path, dict]] | None] = {}
 
 
 def clear_cache() -> None:
@@ -255,30 +299,40 @@ def clear_cache() -> None:
     _chains.clear()
 
 
-def _chain(device_name: str | None, architecture: Architecture) -> list[tuple[Path, dict]]:
-    """The readable files for this GPU, in order; empty (after one WARNING) where a file of the
-    chain is malformed or none exists."""
-    cache_key = (device_name, tuple(architecture))
+def _chain(device_name: str | None, architecture: Architecture,
+           stack: str | None = None) -> list[tuple[Path, dict]]:
+    """The readable files of the running stack for this GPU, in order; empty (after one WARNING)
+    where a file of the chain is malformed, or none of this stack exists."""
+    stack = stack or running_stack()
+    cache_key = (device_name, tuple(architecture), stack)
     if cache_key in _chains:
         return _chains[cache_key] or []
-    chain = []
-    for path in candidates(device_name, architecture):
-        if not path.is_file():
+    chain, others = [], {}
+    for path in candidates(device_name, architecture, stack):
+        if not path.is_file() or any(path == p for p, _ in chain):
             continue
         try:
-            chain.append((path, read_file(path)))
+            measured_under, engines = read_file_with_stack(path)
         except (OSError, ValueError, UnicodeDecodeError) as e:
             logger.warning("dsv4spec: the measured-faster tables in %s are not readable (%s); "
                            "the engine's own code runs for every table-gated hook on %s", path,
                            e, device_name or architecture_name(architecture))
             chain = []
             break
+        if measured_under == stack:
+            chain.append((path, engines))
+        else:
+            others[path] = measured_under
     else:
         if not chain and device_name is not None:  # a visible GPU, not a test's architecture
-            logger.warning("dsv4spec: no measured-faster tables for %s (%s) in %s or the package; "
-                           "the engine's own code runs for every table-gated hook (`dsv4spec "
-                           "tune` measures this GPU)", device_name or "this GPU",
-                           architecture_name(architecture), user_dir())
+            measured = "; ".join(f"{p} under Triton {s}" for p, s in others.items())
+            logger.warning(
+                "dsv4spec: no measured-faster tables for %s (%s) under Triton %s (this process's "
+                "Triton %s) in %s or the package%s; the engine's own code runs for every "
+                "table-gated hook. `dsv4spec tune` measures this GPU under this Triton and "
+                "writes its table", device_name, architecture_name(architecture), stack,
+                triton.__version__, user_dir(),
+                f" (measured: {measured})" if measured else "")
     _chains[cache_key] = chain
     return chain
 
@@ -286,7 +340,8 @@ def _chain(device_name: str | None, architecture: Architecture) -> list[tuple[Pa
 def hook_entry(engine: str, hook: str, architecture: Architecture,
                device_name: str | None = None) -> tuple[Path | None, dict | None]:
     """The file and validated entry deciding ``engine``'s ``hook`` on a GPU of ``architecture``
-    (named ``device_name``, default: the visible CUDA device of that architecture)."""
+    (named ``device_name``, default: the visible CUDA device of that architecture) under the
+    running Triton's stack."""
     name = device_name if device_name is not None else _device_name(architecture)
     for path, engines in _chain(name, architecture):
         entry = engines.get(engine, {}).get(hook)
