@@ -22,7 +22,8 @@ COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc", "mhc-sweep": "mhc_sweep",
               "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin",
-              "cleanup-sweep": "cleanup_sweep", "hc-head-sweep": "hc_head_sweep"}
+              "cleanup-sweep": "cleanup_sweep", "hc-head-sweep": "hc_head_sweep",
+              "stack": "stack"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
 EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
