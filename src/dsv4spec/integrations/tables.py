@@ -337,6 +337,16 @@ def _chain(device_name: str | None, architecture: Architecture,
     return chain
 
 
+def stack_validated(architecture: Architecture | None, device_name: str | None = None) -> bool:
+    """Whether any table of the running Triton's stack serves this GPU: the rule for hooks with
+    no table of their own (the rollback, the draft hc_head), whose kernels were validated with
+    the rest. False (after the chain's one WARNING) where none does."""
+    if architecture is None:
+        return False
+    name = device_name if device_name is not None else _device_name(architecture)
+    return bool(_chain(name, architecture))
+
+
 def hook_entry(engine: str, hook: str, architecture: Architecture,
                device_name: str | None = None) -> tuple[Path | None, dict | None]:
     """The file and validated entry deciding ``engine``'s ``hook`` on a GPU of ``architecture``

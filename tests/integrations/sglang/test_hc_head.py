@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+from dsv4spec.integrations import tables
 from dsv4spec.integrations.sglang import hc_head as hooks
 from dsv4spec.ops import hc_head_reference
 
@@ -115,6 +116,21 @@ def test_draft_hook_runs_the_original_where_triton_cannot_run(sgl, monkeypatch):
     y = model.hc_head(*inputs)
     assert sgl.originals[DRAFT].calls == 1
     assert torch.equal(y, sgl.originals[DRAFT].__wrapped__(model, *inputs))
+
+
+def test_draft_hook_runs_the_original_under_a_triton_no_table_validates(sgl, monkeypatch):
+    sgl.install()
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.99")
+    monkeypatch.setattr(hooks, "_ready", {})
+    model = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)
+    inputs = make_inputs(3, 40, torch.float32)
+    y = model.hc_head(*inputs)
+    assert sgl.originals[DRAFT].calls == 1
+    assert torch.equal(y, sgl.originals[DRAFT].__wrapped__(model, *inputs))
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.6")
+    monkeypatch.setattr(hooks, "_ready", {})
+    model.hc_head(*inputs)
+    assert sgl.originals[DRAFT].calls == 1  # ours under the stack the tables hold
 
 
 @pytest.mark.parametrize("H", [pytest.param(4096, id="H=4096 DSV4-Flash"),

@@ -8,6 +8,7 @@ contract (dsv4spec's reference per C128 pool) and with SGLang's kernel per C128 
 import pytest
 import torch
 
+from dsv4spec.integrations import tables
 from dsv4spec.integrations.sglang import rollback
 from dsv4spec.ops import clear_unaccepted_c128_draft_states_reference
 
@@ -219,11 +220,19 @@ def _no_triton(sgl, monkeypatch):
     return kv_pool(sgl)
 
 
+def _unvalidated_triton(sgl, monkeypatch):
+    # a Triton release no packaged or user table was measured under
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.99")
+    return kv_pool(sgl)
+
+
 @pytest.mark.parametrize("make, reason", [
     pytest.param(lambda sgl, mp: _mixed_rings(sgl), "mix ring sizes", id="mixed ring sizes"),
     pytest.param(lambda sgl, mp: _mixed_dtypes(sgl), "mix dtypes", id="mixed dtypes"),
     pytest.param(lambda sgl, mp: _no_c128(sgl), "no C128", id="no C128 pools"),
     pytest.param(_no_triton, "Triton cannot run", id="device Triton cannot run on"),
+    pytest.param(_unvalidated_triton, "no table validates Triton 3.99",
+                 id="a Triton no table validates"),
 ])
 def test_fallback_runs_the_original_and_remembers_the_verdict(sgl, monkeypatch, make, reason):
     sgl.install()

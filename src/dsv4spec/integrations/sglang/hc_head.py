@@ -7,7 +7,8 @@ measured faster, per architecture, mode and width.
 
 Both step aside (SGLang's path runs) for a served model other than DeepSeek-V4
 (:mod:`~dsv4spec.integrations.sglang.served_model`), on ROCm, on GPU architectures absent from the
-measured tables, under ``torch.compile``, and when SGLang's deterministic inference or
+measured tables, under a Triton release no table of this GPU was measured with, under
+``torch.compile``, and when SGLang's deterministic inference or
 batch-invariant mode is on: our tiling depends on the token count, so a token's result could depend
 on the batch it came in.
 
@@ -36,7 +37,7 @@ from dsv4spec.integrations.hooks import (
     measured_faster,
 )
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
-from dsv4spec.integrations.tables import faster_table
+from dsv4spec.integrations.tables import faster_table, stack_validated
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head import HC
 from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS
@@ -127,11 +128,15 @@ def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     if on_rocm() or not triton_runs_on(x.device):
         _ready[key] = None
         return None
+    architecture = _architecture(x)
+    if not stack_validated(architecture):  # a Triton no table was measured under
+        _ready[key] = None
+        return None
     if index >= 0:
         if stream_capturing(index):
             return None
         precompile_hc_head(x.shape[2], x.dtype, index, logger)
-    _ready[key] = _architecture(x)
+    _ready[key] = architecture
     return _ready[key]
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from dsv4spec.capture import stream_capturing
-from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations import tables
+from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook, gpu_architecture
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import C128DraftCleanup
@@ -64,6 +65,10 @@ def _plan(kv_pool: Any, ptrs: list[int], num_draft_tokens: int,
         return RollbackPlan(ptrs, None, f"Triton cannot run on {device}")
     if on_rocm():
         return RollbackPlan(ptrs, None, "ROCm: the fused kernel is measured on NVIDIA GPUs only")
+    if not tables.stack_validated(gpu_architecture(device.index if device.type == "cuda"
+                                                   else -1)):
+        return RollbackPlan(ptrs, None, f"no table validates Triton {tables.running_stack()} "
+                                        "on this GPU")
     if _capturing(device):  # building uploads a pointer table: not inside a CUDA graph
         return None
     max_draft = max(MIN_MAX_DRAFT_TOKENS, num_draft_tokens)
