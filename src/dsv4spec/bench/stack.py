@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     parser.add_argument("--name", default=None, help="results file stem (default: "
                         "stack_triton<M.m>)")
+    parser.add_argument("--check-only", action="store_true",
+                        help="the float64 checks alone, nothing timed (e.g. under "
+                             "compute-sanitizer)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
                         default=None, help="write two runs side by side instead of measuring")
 
@@ -127,7 +130,7 @@ def _case(op: str, T: int, H: int, seed: int):
     return call, ref, None
 
 
-def measure(op: str, T: int, H: int, seed: int) -> dict:
+def measure(op: str, T: int, H: int, seed: int, timed: bool = True) -> dict:
     call, ref, check = _case(op, T, H, seed)
     if check is not None:  # the rollback: bit for bit against its reference, both launch paths
         check()
@@ -135,6 +138,10 @@ def measure(op: str, T: int, H: int, seed: int) -> dict:
     else:
         out = call()
         err = _check(f"{op} H={H} T={T}", out, ref(out))
+    if not timed:
+        call()  # a second call: the cached direct launch where this Triton has one
+        torch.cuda.synchronize()
+        return {"op": op, "H": H if op != "rollback" else None, "T": T, "max_rel_err": err}
     graph = common.time_in_graph(call)["median_us"]
     eager = common.time_eager(call)["median_us"]
     with launch.LaunchCache.disabled():
@@ -185,11 +192,16 @@ def main(args: argparse.Namespace) -> int:
         for H in (args.widths if op != "rollback" else [None]):
             for T in args.tokens:
                 seed += 1
-                row = measure(op, T, H or 0, seed)
+                row = measure(op, T, H or 0, seed, timed=not args.check_only)
                 rows.append(row)
+                if args.check_only:
+                    print(f"{op} H={H} T={T}: err {row['max_rel_err']:.2g} ok", flush=True)
+                    continue
                 print(f"{op} H={H} T={T}: graph {row['graph_us']:.2f} us, eager "
                       f"{row['eager_us']:.1f} us (dispatcher {row['eager_dispatcher_us']:.1f}), "
                       f"err {row['max_rel_err']:.2g}", flush=True)
+    if args.check_only:
+        return 0
     payload = {"environment": common.environment(), "direct_launch": launch.direct_launch_layout()}
     common.write_results(args.out, name, payload, rows, COLUMNS)
     common.print_table(rows, COLUMNS)
