@@ -119,17 +119,43 @@ def test_pre_finalize_takes_wide_blocks_up_to_its_bound():
 ])
 def test_gpu_decode_paths_back_to_back(tiling):
     # calls chained on one stream, each reading the previous call's outputs: a dependent launch
-    # that read its inputs before the previous launch finished would show here
+    # that read its inputs before the previous launch finished would show here. Each boundary
+    # as assert_boundary_close checks it: its new residual within an ulp of the float64 post of
+    # its inputs (a post or comb read before the previous finalize wrote it, or a residual read
+    # before it was written, is far off), and its pre against the float64 pre of that residual
+    # (a pre of the old residual, or of a half-written new one, is far off). Not the pre of the
+    # reference's own residual: where the fp32 mix lands on a bf16 rounding tie the kernel's
+    # residual takes the other neighbour, and how the compiler contracts the mix into fmas
+    # decides which elements do (Triton 3.6 and 3.8 differ in one of them per thread here).
     x, fn, sc, base, nw, f = make_inputs(4, 7168, torch.bfloat16, "cuda", seed=4)
     args = (EPS["rms_eps"], EPS["hc_eps"], 20, 2.0, nw, 1e-6)
     post, comb, _ = mhc_pre_triton(x, fn, sc, base, *args, **tiling)
     kw = {**EPS, "sinkhorn_iters": 20, "norm_weight": nw, "norm_eps": 1e-6}
     for _ in range(3):
-        ref = mhc_post_pre_reference(f, x, post, comb, fn, sc, base, **kw)
-        x, post, comb, y = mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *args, **tiling)
-        assert_close(x, ref[0], torch.bfloat16, what="residual'")
-        assert_pre_close((post, comb, y), ref[1:], torch.bfloat16, 2)
-        f = y  # the next boundary's sublayer output comes from this one's input
+        fused = mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *args, **tiling)
+        assert_boundary_close(fused, f, x, post, comb, fn, sc, base, kw, 2)
+        x, post, comb, f = fused  # the next boundary's sublayer output: this one's input
+
+
+def test_boundary_check_catches_a_stale_or_partly_written_residual():
+    # what test_gpu_decode_paths_back_to_back rests on, without a GPU: assert_boundary_close
+    # rejects a boundary whose pre is of the previous residual, whose residual is partly the
+    # previous one (a launch that read or wrote too early) or whose post and comb are stale
+    x, fn, sc, base, nw, f = make_inputs(4, 7168, torch.bfloat16, seed=4)
+    kw = {**EPS, "sinkhorn_iters": 20, "norm_weight": nw, "norm_eps": 1e-6}
+    post, comb, _ = mhc_pre_reference(x, fn, sc, base, **kw)
+    good = mhc_post_pre_reference(f, x, post, comb, fn, sc, base, **kw)
+    assert_boundary_close(good, f, x, post, comb, fn, sc, base, kw, 2)
+    stale_pre = (good[0], *mhc_pre_reference(x, fn, sc, base, **kw))
+    half = good[0].clone()
+    half[:, :, : 7168 // 2] = x[:, :, : 7168 // 2]
+    cases = {"pre of the old residual": stale_pre,
+             "half-written residual": (half, *good[1:]),
+             "stale post and comb": (good[0], post, comb, good[3])}
+    for what, bad in cases.items():
+        with pytest.raises(AssertionError):
+            assert_boundary_close(bad, f, x, post, comb, fn, sc, base, kw, 2)
+            pytest.fail(what)
 
 
 @pytest.mark.gpu
@@ -161,3 +187,32 @@ def test_presplit_is_never_planned_at_one_64_wide_chunk_per_split():
     assert cfg.chunks_per_split == 1 and cfg.token_rows and not cfg.presplit
     cfg = K.plan(4096, 7168, -1, dtype=torch.bfloat16, block_k=32, num_splits=224, presplit=True)
     assert cfg.chunks_per_split == 1 and cfg.presplit
+
+
+@pytest.mark.parametrize("version,block_t", [("3.6.0", 8), ("3.8.0", 4), ("3.8.1+git0a1b2c", 4),
+                                             ("4.0.0", 4)])
+@pytest.mark.parametrize("H", [4096, 7168])
+def test_boundary_tiles_9_to_16_tokens_by_triton_release(version, block_t, H, monkeypatch):
+    # from SMALL_BLOCKS_FROM_TRITON the boundary's partials at 9-16 tokens take 4-token blocks;
+    # everything else (other T, mhc_pre, Triton 3.6) keeps its tiling
+    import triton
+
+    from dsv4spec.kernels import mhc as K
+
+    def tiles(T, boundary=True):
+        return K._config(T, H, 132, device_index=0, dtype=torch.bfloat16, boundary=boundary)
+
+    monkeypatch.setattr(K, "supports_pdl", lambda device_index: True)  # an H200's answer
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    before = {T: tiles(T) for T in range(1, 33)}
+    pre = {T: tiles(T, boundary=False) for T in range(1, 33)}
+    monkeypatch.setattr(triton, "__version__", version)
+    assert K.triton_release() == tuple(int(v) for v in version.split(".")[:2])
+    for T in range(1, 33):
+        cfg = tiles(T)
+        if 8 < T <= 16:
+            assert cfg == before[T]._replace(block_t=block_t), T
+            assert before[T].block_t == 8 and cfg.num_splits == before[T].num_splits
+        else:
+            assert cfg == before[T], T
+        assert tiles(T, boundary=False) == pre[T], T
