@@ -37,9 +37,12 @@ RTOL = {"float32": 1e-4, "bfloat16": 8e-3}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS),
+                        help="hidden sizes H")
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
+                        help="token counts T (the rollback's batch)")
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS),
+                        help="ops to check and time")
     parser.add_argument("--name", default=None, help="results file stem (default: "
                         "stack_triton<M.m>)")
     parser.add_argument("--check-only", action="store_true",
