@@ -108,6 +108,23 @@ BOUNDARY_TOKEN_ROWS_MIN_TOKENS = 512
 # 512 above: 28.8 -> 26.1 us at 256 tokens (H = 7168), 44.7 -> 41.6 at 1024 (H = 4096)
 # (benchmarks/results/mhc/mhc_streams_k.json, the default rows)
 WIDE_FINALIZE_MAX_ELEMENTS = 1024 * 4096
+# Triton from this major.minor: the boundary's CUDA-core partials at 9-16 tokens in 4-token
+# blocks (T = 4's tile, twice the programs) instead of 8-token blocks. Triton 3.8 compiles the
+# 8-token tile with 4 warps to other code than 3.6 (221 vs 204 registers, 688 vs 564 shuffles),
+# the 4-token tile alike (127 vs 123 registers): benchmarks/results/logs/triton38_mhc_ptx.txt.
+# On the H200 under 3.8 (fp32 norm weight, results/triton38/mhc_triton38_ab.md) the 4-token
+# blocks took 7.87 vs 8.46 us at 16 tokens, H = 4096, and 9.49 vs 9.03 at 7168; the 3.8 tables
+# were measured with them. They do not remove the 16-token slowdown that bench stack and tune
+# measure under 3.8 with their inputs (a bf16 norm weight, as DSV4's; 13.7 vs 9.0 us at
+# H = 7168, results/triton38/stack_triton3.6_vs_3.8.md), whose cause is not found yet: the 3.8
+# tables give the boundary at 9-16 tokens (H = 7168) to the engine's kernel.
+SMALL_BLOCKS_FROM_TRITON = (3, 8)
+
+
+def triton_release(version: str | None = None) -> tuple[int, int]:
+    """Triton's (major, minor), of ``version`` or of the one imported."""
+    major, minor = (version or triton.__version__).split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 @triton.jit
@@ -835,6 +852,8 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
         block_t = 4 if invariant else min(triton.next_power_of_2(T), 4 if 32 < T <= 64 else 8)
+        if boundary and 8 < T <= 16 and triton_release() >= SMALL_BLOCKS_FROM_TRITON:
+            block_t = 4
     if block_k is None:
         block_k = 64 if small else 32
     n_chunks = triton.cdiv(H, block_k)
