@@ -26,16 +26,22 @@ HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head",
          "init_compression_metadata", "expand_extend_with_same_length")
 KEYS = (1, 2, 3, 4, 5, 8, 9, 40, 64, 65, 127, 128, 511, 512, 2048, 4095, 4096, 4097, 5120,
         7168, 7169, 8192, 8193, 16384)
-_PACKAGED_POINTS = {hook: entry for hook, entry in json.loads(
-    (tables.PACKAGED_DIR / "NVIDIA_H200.json").read_text())["engines"]["sglang"].items()}
-_MEASURED = {c for e in _PACKAGED_POINTS.values() for keyed in e["points"].values()
-             for rows in keyed.values() for c, *_ in rows}
+# The packaged H200 files per Triton stack (the 3.8 one: benchmarks/results/tune/
+# NVIDIA_H200.triton3.8.json, 2026-12-03).
+STACK_FILES = {"3.6": "NVIDIA_H200.json", "3.8": "NVIDIA_H200.triton3.8.json"}
+_STACK_POINTS = {stack: {hook: entry for hook, entry in json.loads(
+    (tables.PACKAGED_DIR / name).read_text())["engines"]["sglang"].items()}
+    for stack, name in STACK_FILES.items()}
+_PACKAGED_POINTS = _STACK_POINTS["3.6"]
+_MEASURED = {c for points in _STACK_POINTS.values() for e in points.values()
+             for keyed in e["points"].values() for rows in keyed.values() for c, *_ in rows}
 COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0, 1) if c + d)}))
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
 
 
-def measured_decides(hook: str, key: int, count: int, in_graph: bool, architecture) -> bool:
-    entry = _PACKAGED_POINTS[hook]
+def measured_decides(hook: str, key: int, count: int, in_graph: bool, architecture,
+                     stack: str = "3.6") -> bool:
+    entry = _STACK_POINTS[stack][hook]
     if architecture != SM90 or (entry["max_count"] is not None and count > entry["max_count"]):
         return False
     keyed = {int(k): rows for k, rows in entry["points"].get("graph" if in_graph else "eager",
@@ -132,19 +138,24 @@ def one_hook_file(hook: str, **fields) -> dict:
     return data
 
 
-def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables():
-    h200 = tables.read_file(tables.PACKAGED_DIR / "NVIDIA_H200.json")
-    sm90 = tables.read_file(tables.PACKAGED_DIR / "sm_90.json")
+@pytest.mark.parametrize("stack", list(STACK_FILES))
+def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables(stack):
+    arch_file = "sm_90.json" if stack == "3.6" else f"sm_90.triton{stack}.json"
+    h200_stack, h200 = tables.read_file_with_stack(tables.PACKAGED_DIR / STACK_FILES[stack])
+    sm90_stack, sm90 = tables.read_file_with_stack(tables.PACKAGED_DIR / arch_file)
+    assert h200_stack == sm90_stack == stack
     assert set(h200["sglang"]) == set(HOOKS)
     assert h200 == sm90
-    for name in ("NVIDIA_H200.json", "sm_90.json"):
+    for name in (STACK_FILES[stack], arch_file):
         text = (tables.PACKAGED_DIR / name).read_text()
         assert text == tables.dumps(json.loads(text)) + "\n", f"{name}: not in dumps' layout"
 
 
+@pytest.mark.parametrize("stack", list(STACK_FILES))
 @pytest.mark.parametrize("device", [None, H200, "NVIDIA H100 80GB HBM3"],
                          ids=["interpreter (sm_90 file)", "H200 (its file)", "H100 (sm_90 file)"])
-def test_decisions_follow_the_measured_points(fresh, device):
+def test_decisions_follow_the_measured_points(fresh, monkeypatch, device, stack):
+    monkeypatch.setattr(tables, "running_stack", lambda: stack)
     fresh(device)
     differ = []
     for hook in HOOKS:
@@ -153,14 +164,16 @@ def test_decisions_follow_the_measured_points(fresh, device):
                 for key in KEYS:
                     for count in COUNTS:
                         if (plugin_decides(hook, key, count, in_graph, architecture)
-                                != measured_decides(hook, key, count, in_graph, architecture)):
+                                != measured_decides(hook, key, count, in_graph, architecture,
+                                                    stack)):
                             differ.append((hook, architecture, in_graph, key, count))
     assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
-    expected = tables.PACKAGED_DIR / ("NVIDIA_H200.json" if device == H200 else "sm_90.json")
+    arch_file = "sm_90.json" if stack == "3.6" else f"sm_90.triton{stack}.json"
+    expected = tables.PACKAGED_DIR / (STACK_FILES[stack] if device == H200 else arch_file)
     assert all(t.sources[SM90] == expected for t in PLUGIN_TABLES)
     # the grid covers both answers of every hook (a grid where nothing is served proves nothing)
     for hook in HOOKS:
-        answers = {measured_decides(hook, k, c, g, SM90) for k in KEYS for c in COUNTS
+        answers = {measured_decides(hook, k, c, g, SM90, stack) for k in KEYS for c in COUNTS
                    for g in (True, False)}
         assert answers == {True, False}, hook
 
@@ -388,3 +401,24 @@ def test_the_running_stack_is_the_imported_tritons(monkeypatch):
 
     monkeypatch.undo()  # the suite pins the stack to the packaged 3.6 tables
     assert tables.running_stack() == tables.stack_of(triton.__version__)
+
+
+def test_the_triton_38_decisions_read_off_its_h200_run(fresh, monkeypatch):
+    """benchmarks/results/tune/NVIDIA_H200.triton3.8.md (2026-12-03): under Triton 3.8 the
+    boundary at 9-16 tokens (H = 7168) lost to SGLang's in a graph (13.6 vs 12.6 us at 16),
+    which under 3.6 ours won; eagerly ours won everywhere, with the direct launch."""
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.8")
+    fresh(H200)
+    boundary = "mhc_fused_post_pre"
+    assert plugin_decides(boundary, 7168, 8, True, SM90)
+    assert not any(plugin_decides(boundary, 7168, t, True, SM90) for t in (9, 12, 16))
+    assert plugin_decides(boundary, 7168, 17, True, SM90)
+    assert all(plugin_decides(boundary, 7168, t, False, SM90) for t in (1, 16, 32))
+    assert plugin_decides(boundary, 4096, 16, True, SM90)
+    assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 8, 7168, True, SM90)
+    assert not vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 16, 7168, True, SM90)
+    assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 16, 7168, False, SM90)
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.6")
+    fresh(H200)
+    assert plugin_decides(boundary, 7168, 16, True, SM90)
+    assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 16, 7168, True, SM90)
