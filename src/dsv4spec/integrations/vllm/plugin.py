@@ -30,10 +30,10 @@ from dsv4spec.integrations.hooks import OFF_VALUES, GuardedHook, Hook, switch_on
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
 
-SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
+SUPPORTED_VLLM_VERSIONS = ("0.33.0", "0.34.0")
 MASTER_SWITCH = "DSV4SPEC_VLLM"
 KERNELS_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
-# The NVIDIA DeepSeek-V4 modules that call the hooked functions (vLLM 0.33.0): the target
+# The NVIDIA DeepSeek-V4 modules that call the hooked functions (vLLM 0.33.0, 0.34.0): the target
 # (DeepseekV4Model, whose DeepseekV4DecoderLayer.forward the MTP layer's block also runs), the
 # MTP draft and the DSpark draft. The vision model wraps the target and calls none itself.
 TARGET_MODULE = "vllm.models.deepseek_v4.nvidia.model"
@@ -70,12 +70,20 @@ HOOKS = (
          _make("mhc", "mhc_post")),
     Hook("mhc_fused_post_pre", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE,
          "mhc_fused_post_pre_tilelang", _FUSED, _make("mhc", "mhc_fused_post_pre")),
+    # vLLM 0.34.0: every boundary of the target's layers (DeepseekV4Model.forward passes
+    # reuse_residual=True); the MTP block and DSpark's layers keep mhc_fused_post_pre_tilelang.
+    # Same parameters, same kernels (tilelang_kernels.py is byte-identical in 0.33.0 and 0.34.0),
+    # so it reads mhc_fused_post_pre's table rows.
+    Hook("mhc_fused_post_pre_reuse_residual", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE,
+         "mhc_fused_post_pre_tilelang_reuse_residual", _FUSED,
+         _make("mhc", "mhc_fused_post_pre_reuse_residual")),
 )
 BOUND_IN: dict[str, tuple[str, ...]] = {
     "hc_head": MODEL_MODULES,
     "mhc_pre": (TARGET_MODULE,),
     "mhc_post": MODEL_MODULES,
     "mhc_fused_post_pre": (TARGET_MODULE,),
+    "mhc_fused_post_pre_reuse_residual": (TARGET_MODULE,),
 }
 
 # The mHC names those modules call that no hook replaces, and why.
@@ -125,6 +133,8 @@ def _patch(module: ModuleType) -> list[str]:
         if is_hooked(original):
             patched.append(target)
             continue
+        if original is None and not hasattr(sys.modules.get(hook.module), hook.attr):
+            continue  # a function this vLLM does not define (0.33.0: the reuse_residual boundary)
         try:
             if original is None:
                 raise AttributeError(f"{module.__name__} has no {hook.attr}")
