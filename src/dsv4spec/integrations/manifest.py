@@ -204,30 +204,36 @@ def _names_in(node: ast.AST) -> set[str]:
     return names
 
 
-def _kernel_names(value: ast.AST, names: set[str]) -> set[str] | None:
+def _held_names(value: ast.AST) -> set[str] | None:
+    """The names an expression may evaluate to, if it is a name or a conditional between such
+    expressions; None otherwise."""
     if isinstance(value, ast.Name):
-        return {value.id} if value.id in names else None
+        return {value.id}
     if isinstance(value, ast.IfExp):
-        body, orelse = _kernel_names(value.body, names), _kernel_names(value.orelse, names)
+        body, orelse = _held_names(value.body), _held_names(value.orelse)
         return None if body is None or orelse is None else body | orelse
     return None
 
 
-def call_sites(tree: ast.Module, names: set[str]) -> list[tuple[str, str, int]]:
-    """(called name, enclosing qualname, line) of every call of one of ``names`` in ``tree``: a
-    plain name, an attribute of that name (``self.hc_head(...)``), or a local name a function
-    assigns only such names (once per name it may hold)."""
-    found: list[tuple[str, str, int]] = []
+def call_index(tree: ast.Module) -> dict[str, list[tuple[str, int]]]:
+    """Called name -> (enclosing qualname, line) of each call in ``tree``: a plain name, an
+    attribute (``self.hc_head(...)``), or a local name that a function assigns names only (as
+    vLLM 0.34.0's ``fused_post_pre``), once per name it may hold."""
+    index: dict[str, list[tuple[str, int]]] = {}
 
     def aliases(function: ast.AST) -> dict[str, set[str]]:
         local: dict[str, set[str]] = {}
+        rejected: set[str] = set()
         for node in ast.walk(function):
             if isinstance(node, ast.Assign):
-                held = _kernel_names(node.value, names)
+                held = _held_names(node.value)
                 for target in node.targets:
-                    if isinstance(target, ast.Name) and held is not None:
-                        local.setdefault(target.id, set()).update(held)
-        return local
+                    if isinstance(target, ast.Name):
+                        if held is None:
+                            rejected.add(target.id)
+                        else:
+                            local.setdefault(target.id, set()).update(held)
+        return {k: v for k, v in local.items() if k not in rejected}
 
     def visit(node: ast.AST, scope: list[str], local: dict[str, set[str]]) -> None:
         for child in ast.iter_child_nodes(node):
@@ -239,15 +245,23 @@ def call_sites(tree: ast.Module, names: set[str]) -> list[tuple[str, str, int]]:
                 func = child.func
                 called = (func.id if isinstance(func, ast.Name)
                           else func.attr if isinstance(func, ast.Attribute) else None)
-                if called in names:
-                    found.append((called, ".".join(scope), child.lineno))
+                site = (".".join(scope), child.lineno)
+                if called is not None:
+                    index.setdefault(called, []).append(site)
                 if isinstance(func, ast.Name):
                     for name in sorted(local.get(func.id, ())):
-                        found.append((name, ".".join(scope), child.lineno))
+                        index.setdefault(name, []).append(site)
             visit(child, scope, local)
 
     visit(tree, [], {})
-    return found
+    return index
+
+
+def call_sites(tree: ast.Module, names: set[str]) -> list[tuple[str, str, int]]:
+    """(called name, enclosing qualname, line) of every call of one of ``names`` in ``tree``
+    (see :func:`call_index`)."""
+    index = _cached("calls", tree, lambda: call_index(tree))
+    return sorted((name, scope, line) for name in names for scope, line in index.get(name, ()))
 
 
 def module_bindings(tree: ast.Module, kernels_modules: Iterable[str]) -> dict[str, list[str]]:
@@ -298,9 +312,7 @@ def hook_parts(source: SourceTree, hook: HookSource) -> dict[str, str] | None:
         caller = source.tree(relpath)
         if caller is None:
             continue
-        sites = _cached("calls", caller, lambda: call_sites(caller, {hook.called_as}),
-                        hook.called_as)
-        for _, scope, _ in sites:
+        for _, scope, _ in call_sites(caller, {hook.called_as}):
             function = find_qualname(caller, scope) if scope else None
             if function is not None and function is not node:
                 parts[f"{relpath}:{scope}"] = cached_hash(function)
