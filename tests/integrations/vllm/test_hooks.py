@@ -191,6 +191,12 @@ def _aside_cases():
             mhc_hooks, "_deep_gemm", True), None),
         "torch.compile tracing": ("hc_head", {}, lambda mp: mp.setattr(
             torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (mhc_post)": ("mhc_post", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (mhc_pre)": ("mhc_pre", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (boundary)": ("mhc_fused_post_pre", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
     }
 
 

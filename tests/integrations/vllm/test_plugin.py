@@ -136,6 +136,25 @@ def test_a_changed_target_is_skipped_with_a_warning(vllm, caplog):
     assert sum("hook skipped" in r.getMessage() for r in caplog.records) == 2
 
 
+def test_a_function_with_vllms_parameters_defined_elsewhere_is_not_replaced(vllm, caplog):
+    """Only vLLM's own function is wrapped: one with the same name and parameters from another
+    module (another plugin's replacement, say) is left in place with a warning."""
+    theirs = vllm.model.mhc_post_tilelang
+
+    def mhc_post_tilelang(x, residual, post_layer_mix, comb_res_mix):
+        return theirs(x, residual, post_layer_mix, comb_res_mix)
+
+    mhc_post_tilelang.__module__ = "another_plugin.kernels"
+    vllm.model.mhc_post_tilelang = mhc_post_tilelang
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        patched = register()
+    assert f"{plugin.TARGET_MODULE}.mhc_post_tilelang" not in patched
+    assert vllm.model.mhc_post_tilelang is mhc_post_tilelang
+    assert f"{plugin.MTP_MODULE}.mhc_post_tilelang" in patched
+    (message,) = [r.getMessage() for r in caplog.records if "hook skipped" in r.getMessage()]
+    assert "defined in another_plugin.kernels" in message
+
+
 def test_register_never_raises(vllm, monkeypatch, caplog):
     def broken():
         raise ImportError("no module named dsv4spec.kernels.mhc")
