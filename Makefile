@@ -10,15 +10,17 @@ VENV_FLAGS := $(if $(HAS_CUDA_TORCH),--system-site-packages,)
 # SGLang 0.5.23 pins torch 2.14.1, which brings Triton 3.8: the plugin and op tests run there too.
 PINS_VENV := .venv-sglang-pins
 PINS_PY := $(PINS_VENV)/bin/python
-# vLLM 0.33.0's source for the vLLM plugin's tests and benchmarks: its wheel (336 MB, CUDA-only,
-# pinned to torch 2.14.0) is downloaded once into VLLM_WHEELS and only the files they read are
-# unpacked into the ignored .vllm-src/ (about 2 MB); the wheel is never installed. vLLM's torch
-# pin needs no third environment: torch 2.14.0 and 2.14.1 both require triton~=3.8.0, so the
-# pins venv runs the same Triton (the interpreter every kernel test runs in) on a patch release
-# of the same torch, whose fixes change none of the ATen ops the plugin and its ops call.
-VLLM_VERSION := 0.33.0
+# The sources of the vLLM versions the plugin supports, for its tests (each runs on every version)
+# and benchmarks (0.33.0's): each wheel (336 and 239 MB, CUDA-only, pinned to torch 2.14.0) is
+# downloaded once into VLLM_WHEELS and only the files they read are unpacked into the ignored
+# .vllm-src/<version>/ (about 2 MB each); no wheel is ever installed. vLLM's torch pin needs no
+# third environment: torch 2.14.0 and 2.14.1 both require triton~=3.8.0, so the pins venv runs
+# the same Triton (the interpreter every kernel test runs in) on a patch release of the same
+# torch, whose fixes change none of the ATen ops the plugin and its ops call.
+VLLM_VERSIONS := 0.33.0 0.34.0
 VLLM_SRC := .vllm-src
 VLLM_WHEELS ?= $(HOME)/.cache/dsv4spec/wheels
+VLLM_UNPACKED := $(VLLM_VERSIONS:%=$(VLLM_SRC)/%/.unpacked)
 
 .PHONY: setup demo test test-sglang-pins bench lint clean
 
@@ -34,13 +36,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps sglang==0.5.23
 	touch $@
 
-$(VLLM_SRC)/.unpacked: src/dsv4spec/integrations/vllm/source.py | $(VENV)/.installed
-	$(PY) -m pip download -q --no-deps vllm==$(VLLM_VERSION) -d $(VLLM_WHEELS)
-	rm -rf $(VLLM_SRC)
-	$(PY) -m dsv4spec.integrations.vllm.source $(VLLM_WHEELS)/vllm-$(VLLM_VERSION)-*.whl $(VLLM_SRC)
+$(VLLM_SRC)/%/.unpacked: src/dsv4spec/integrations/vllm/source.py | $(VENV)/.installed
+	ls $(VLLM_WHEELS)/vllm-$*-*.whl >/dev/null 2>&1 || \
+		$(PY) -m pip download -q --no-deps vllm==$* -d $(VLLM_WHEELS)
+	rm -rf $(VLLM_SRC)/$*
+	$(PY) -m dsv4spec.integrations.vllm.source $(VLLM_WHEELS)/vllm-$*-*.whl $(VLLM_SRC)/$*
 	touch $@
 
-setup: $(VENV)/.installed $(VLLM_SRC)/.unpacked
+setup: $(VENV)/.installed $(VLLM_UNPACKED)
 
 $(PINS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PINS_VENV)
@@ -58,8 +61,8 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The plugins and the ops they hook, in Triton's interpreter, on SGLang 0.5.23's torch and Triton
-# (which cover vLLM 0.33.0's, see VLLM_VERSION).
-test-sglang-pins: $(PINS_VENV)/.installed $(VLLM_SRC)/.unpacked
+# (which cover vLLM 0.33.0's and 0.34.0's, see VLLM_VERSIONS).
+test-sglang-pins: $(PINS_VENV)/.installed $(VLLM_UNPACKED)
 	$(PINS_PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 	$(PINS_PY) -m pytest -q -p no:cacheprovider tests/integrations tests/ops tests/kernels
 

@@ -116,6 +116,8 @@ def sgl(monkeypatch, serves):
     for switch in SWITCHES:
         monkeypatch.delenv(switch, raising=False)
     monkeypatch.setattr(plugin, "_announced", False)
+    monkeypatch.setattr(plugin, "_verdicts", None)
+    monkeypatch.delenv(plugin.ALLOW_UNTESTED, raising=False)
     monkeypatch.setattr(hc_head_hooks, "_warned", set())
     monkeypatch.setattr(hc_head_hooks, "_ready", {})
     monkeypatch.setattr(hc_head_hooks, "_deterministic", None)

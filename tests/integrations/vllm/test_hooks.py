@@ -27,10 +27,14 @@ from .standins import DEVICE
 
 H = 128
 LOGGER = "dsv4spec.integrations.vllm"
-OPS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head")
-# Where each op is called (vLLM 0.33.0): the module whose binding a hooked call goes through.
+REUSE = "mhc_fused_post_pre_reuse_residual"  # vLLM 0.34.0's target boundary
+OPS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head", REUSE)
+# Where each op is called: the module whose binding a hooked call goes through.
 CALLERS = {"mhc_pre": ("model",), "mhc_post": ("model", "mtp", "dspark"),
-           "mhc_fused_post_pre": ("model",), "hc_head": ("model", "mtp", "dspark")}
+           "mhc_fused_post_pre": ("model",), "hc_head": ("model", "mtp", "dspark"),
+           REUSE: ("model",)}
+# The table each op reads (the reuse_residual boundary runs the boundary's kernels).
+TABLE = {op: op for op in OPS} | {REUSE: "mhc_fused_post_pre"}
 # bf16 outputs: one bf16 ulp of the largest element (fp32 sums in a different order);
 # float32 mixes: fp32 sums over hc*H products.
 BF16_TOL = dict(rtol=1.6e-2, atol=1.6e-2)
@@ -44,6 +48,14 @@ FAULTS = [
     pytest.param(lambda: CompilationError("def kernel(): ...", ast.parse("x").body[0],
                                           "injected"), id="CompilationError"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _op_in_this_version(request, vllm_source):
+    """An op parametrized in a test runs only on the versions that define its function."""
+    op = getattr(request.node, "callspec", None) and request.node.callspec.params.get("op")
+    if op == REUSE and vllm_source == "0.33.0":
+        pytest.skip(f"vLLM {vllm_source} has no {NAMES[REUSE]}")
 
 
 def make_inputs(T, H=H, hc=4, seed=0):
@@ -63,6 +75,10 @@ def call_args(op, t, norm=True, eps=(HC_EPS, HC_EPS)):
         return (t["residual"], *pre), kw
     return (t["x"], t["residual"], t["post"], t["comb"], *pre), {"n_splits": 1, "tile_n": 1,
                                                                   **kw}
+
+
+def cloned(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def as_tuple(out):
@@ -92,7 +108,7 @@ def hooked(vllm, op, where="model"):
 def measure(monkeypatch, op, modes=("graph", "eager"), spans=((1, 64),), width=H):
     """A table entry for the test width (the interpreter stands in for sm_90)."""
     for mode in modes:
-        monkeypatch.setitem(TABLES[op][INTERPRETER_ARCHITECTURE][mode], width, spans)
+        monkeypatch.setitem(TABLES[TABLE[op]][INTERPRETER_ARCHITECTURE][mode], width, spans)
 
 
 def launches(vllm):
@@ -106,7 +122,7 @@ def test_measured_call_gives_vllms_result_without_vllms_kernels(vllm, monkeypatc
     register()
     t = make_inputs(T)
     args, kwargs = call_args(op, t)
-    want = original(vllm, op)(*args, **kwargs)
+    want = original(vllm, op)(*cloned(args), **kwargs)  # vLLM's reuse_residual may write it
     assert launches(vllm), "vLLM's function ran its (stood-in) kernels"
     launches(vllm).clear()
     for where in CALLERS[op]:
@@ -175,6 +191,12 @@ def _aside_cases():
             mhc_hooks, "_deep_gemm", True), None),
         "torch.compile tracing": ("hc_head", {}, lambda mp: mp.setattr(
             torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (mhc_post)": ("mhc_post", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (mhc_pre)": ("mhc_pre", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
+        "torch.compile tracing (boundary)": ("mhc_fused_post_pre", {}, lambda mp: mp.setattr(
+            torch.compiler, "is_compiling", lambda: True), None),
     }
 
 
@@ -242,6 +264,7 @@ def test_rejected_inputs_step_aside_with_one_warning(vllm, monkeypatch, caplog):
 
 _FAULT_TARGETS = {"mhc_pre": (mhc_hooks, "mhc_pre"), "mhc_post": (mhc_hooks, "mhc_post"),
                   "mhc_fused_post_pre": (mhc_hooks, "mhc_post_pre"),
+                  REUSE: (mhc_hooks, "mhc_post_pre"),
                   "hc_head": (hc_head_hooks, "hc_head")}
 
 
@@ -370,3 +393,31 @@ def test_deep_gemm_not_yet_loaded_counts_as_in_use(vllm, monkeypatch):
     finally:
         sys.modules["vllm.utils.deep_gemm"] = module
     assert mhc_hooks.fast_mhc_pre(*args, **kwargs) is not STEP_ASIDE
+
+
+@pytest.mark.parametrize("T", [3, 33], ids=["T=3 fused kernel", "T=33 post+GEMM"])
+def test_reuse_residual_boundary_returns_a_new_residual_and_leaves_the_old_one(vllm, monkeypatch,
+                                                                               T):
+    """vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual`` may overwrite ``residual``
+    (its post + GEMM path above 32 tokens does, and returns that storage); the hook returns a
+    new residual, the result of vLLM's ``mhc_fused_post_pre_tilelang`` on the same inputs, and
+    never writes its inputs."""
+    if not hasattr(vllm.peer.module, NAMES[REUSE]):
+        pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
+    measure(monkeypatch, REUSE)
+    register()
+    t = make_inputs(T)
+    args, kwargs = call_args(REUSE, t)
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    want = original(vllm, "mhc_fused_post_pre")(*args, **kwargs)
+    launches(vllm).clear()
+    got = hooked(vllm, REUSE)(*args, **kwargs)
+    assert not launches(vllm), "dsv4spec's op served the reuse_residual boundary"
+    for a, c in zip(args, copies):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, c), "the hook wrote one of its inputs"
+    assert got[0].data_ptr() != t["residual"].data_ptr()
+    assert_like(got, want, tol_against=reference(REUSE, t))
+    # vLLM's own, for comparison: above 32 tokens it writes the new residual in place
+    vllms = original(vllm, REUSE)(*copies, **kwargs)
+    assert (vllms[0].data_ptr() == copies[1].data_ptr()) == (T > 32)

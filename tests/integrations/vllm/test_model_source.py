@@ -1,16 +1,20 @@
-"""vLLM 0.33.0's own model code, executed: ``DeepseekV4DecoderLayer.forward`` (every layer of
-the target, the MTP block and the DSpark layers) and ``DeepSeekV4MultiTokenPredictor.
+"""Each supported vLLM's own model code, executed: ``DeepseekV4DecoderLayer.forward`` (every
+layer of the target, the MTP block and the DSpark layers), ``DeepseekV4Model.forward`` (the
+target's layers in a row: on 0.34.0 with ``reuse_residual=True``, so through
+``mhc_fused_post_pre_tilelang_reuse_residual``) and ``DeepSeekV4MultiTokenPredictor.
 compute_logits`` compiled from vLLM's files into the stand-in model modules, on stand-in layers
 (attention and FFN as cheap bf16 maps). Before registration they run vLLM's functions; after it,
 dsv4spec's ops serve every mHC and hc_head call they make (the measured table extended to the
 test width) and the results agree."""
 
 import logging
+from itertools import islice
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from dsv4spec.integrations.vllm import register
+from dsv4spec.integrations.vllm import plugin, register
 
 from . import standins
 from .test_hooks import (
@@ -119,3 +123,92 @@ def test_vllms_mtp_compute_logits_runs_dsv4spec_hc_head_after_register(vllm, mon
     got = compute_logits(predictor, flat)
     assert launches(vllm) == []
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+class _Layer:
+    """A stand-in decoder layer whose call runs vLLM's own ``DeepseekV4DecoderLayer.forward``."""
+
+    def __init__(self, forward, parts):
+        self.forward = forward
+        self.__dict__.update(vars(parts))
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(self, *args, **kwargs)
+
+
+@pytest.mark.parametrize("T", [2, 33], ids=["T=2 fused kernel", "T=33 post+GEMM"])
+def test_vllms_model_forward_runs_dsv4spec_ops_at_every_boundary_after_register(
+        vllm, monkeypatch, vllm_source, T):
+    """``DeepseekV4Model.forward`` on a later pipeline rank (the streams come in as
+    ``intermediate_tensors``): the first layer's mhc_pre and boundaries, the later layers'
+    boundaries (0.34.0: ``reuse_residual=True``, vLLM's post + GEMM path then writes the
+    residual in place above 32 tokens), the final mhc_post and hc_head. After registration
+    dsv4spec's ops serve every one of them, and the results agree with vLLM's."""
+    for op in ("mhc_pre", "mhc_fused_post_pre", "mhc_post", "hc_head"):
+        measure(monkeypatch, op)
+    forward = standins.vllm_method(vllm.model, MODEL_FILE, "DeepseekV4DecoderLayer", "forward")
+    model_forward = standins.vllm_method(vllm.model, MODEL_FILE, "DeepseekV4Model", "forward")
+    monkeypatch.setattr(vllm.model, "islice", islice, raising=False)
+    monkeypatch.setattr(vllm.model, "get_pp_group", lambda: SimpleNamespace(
+        is_first_rank=False, is_last_rank=True), raising=False)
+    t = make_inputs(T, H)
+    layers = [_Layer(forward, decoder_layer(t, seed=5 + i)) for i in range(2)]
+    g = torch.Generator().manual_seed(11)
+    norm_weight = (1 + 0.25 * torch.randn(H, generator=g)).bfloat16()
+
+    def norm(x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + NORM_EPS)
+                * norm_weight.float()).bfloat16()
+
+    model = SimpleNamespace(
+        layers=layers, start_layer=0, end_layer=len(layers), aux_hidden_state_layers=(),
+        use_native_mega_moe=False, use_sequence_parallel=False, _mtp_hidden_buffer=None,
+        collect_remote_aux_hidden_states=lambda intermediate: [],
+        hc_head_fn=t["head_fn"], hc_head_scale=t["head_scale"], hc_head_base=t["head_base"],
+        rms_norm_eps=HEAD_RMS_EPS, hc_eps=HEAD_HC_EPS, norm=norm)
+    positions = torch.arange(T)
+    reuse = "reuse_residual=True" in str(vllm_source_of_model_forward())
+
+    def run():
+        streams = t["residual"].clone()  # the previous rank's output, which this rank owns
+        out = model_forward(model, None, positions, {"hidden_states": streams})
+        return out, streams
+
+    (want, streams), calls = run(), list(launches(vllm))
+    assert calls.count("big_fuse") == 2 * len(layers), "vLLM's pre and boundaries ran"
+    assert calls[-1] == "hc_head"
+    launches(vllm).clear()
+    register()
+    served = {}
+    for name, guard in plugin.installed().items():  # count the calls each hook receives
+        monkeypatch.setattr(guard, "fast", _counting(guard.fast, served, name))
+    got, streams = run()
+    assert launches(vllm) == [], "dsv4spec's ops served every mHC and hc_head call"
+    boundaries = 2 * len(layers) - 1
+    # 0.34.0: the first layer starts from residual = x (not handed over), so its one boundary
+    # keeps mhc_fused_post_pre_tilelang; every later one is the reuse_residual boundary
+    assert served == ({"mhc_pre": 1, "mhc_fused_post_pre": 1, "mhc_post": 1, "hc_head": 1,
+                       "mhc_fused_post_pre_reuse_residual": boundaries - 1} if reuse else
+                      {"mhc_pre": 1, "mhc_fused_post_pre": boundaries, "mhc_post": 1,
+                       "hc_head": 1})
+    assert torch.equal(streams, t["residual"]), "the first layer never overwrites its input"
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+
+
+def _counting(fast, served, name):
+    def counted(*args, **kwargs):
+        served[name] = served.get(name, 0) + 1
+        return fast(*args, **kwargs)
+
+    return counted
+
+
+def vllm_source_of_model_forward():
+    import ast
+
+    tree = ast.parse(standins.vllm_file(MODEL_FILE).read_text())
+    node = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "DeepseekV4Model"
+                for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    return ast.unparse(node)

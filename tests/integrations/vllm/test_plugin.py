@@ -17,8 +17,10 @@ LOGGER = "dsv4spec.integrations.vllm"
 
 
 def targets(modules=plugin.MODEL_MODULES, hooks=None):
+    """The ``module.name`` targets the plugin patches in this version's modules."""
     return sorted(f"{module}.{hook.attr}" for hook in plugin.HOOKS for module in modules
-                  if module in plugin.BOUND_IN[hook.name] and (hooks is None or hook.name in hooks))
+                  if module in plugin.BOUND_IN[hook.name] and (hooks is None or hook.name in hooks)
+                  and hasattr(sys.modules[module], hook.attr))
 
 
 def bound(vllm):
@@ -44,7 +46,7 @@ def test_register_patches_the_bound_names_of_imported_modules(vllm):
     assert len({id(g) for g in plugin.installed().values()}) == len(plugin.HOOKS)
     # vLLM's kernels module keeps its own functions: other models call them
     for hook in plugin.HOOKS:
-        assert not plugin.is_hooked(getattr(vllm.peer.module, hook.attr))
+        assert not plugin.is_hooked(getattr(vllm.peer.module, hook.attr, None))
 
 
 def test_register_twice_patches_nothing_twice(vllm):
@@ -67,7 +69,8 @@ def test_one_guard_per_hook_shared_by_the_modules(vllm):
 
 @pytest.mark.parametrize("switch,left", [
     ("DSV4SPEC_VLLM", ()),
-    ("DSV4SPEC_VLLM_HC_HEAD", ("mhc_pre", "mhc_post", "mhc_fused_post_pre")),
+    ("DSV4SPEC_VLLM_HC_HEAD", ("mhc_pre", "mhc_post", "mhc_fused_post_pre",
+                               "mhc_fused_post_pre_reuse_residual")),
     ("DSV4SPEC_VLLM_MHC", ("hc_head",)),
 ])
 @pytest.mark.parametrize("value", ["0", "off", "False"])
@@ -101,7 +104,7 @@ def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
     for name in plugin.MODEL_MODULES:
         module = importlib.import_module(name)
         for hook in plugin.HOOKS:
-            if name in plugin.BOUND_IN[hook.name]:
+            if name in plugin.BOUND_IN[hook.name] and hasattr(vllm.peer.module, hook.attr):
                 fn = getattr(module, hook.attr)
                 assert plugin.is_hooked(fn)
                 assert fn.__wrapped__ is getattr(vllm.peer.module, hook.attr)
@@ -131,6 +134,25 @@ def test_a_changed_target_is_skipped_with_a_warning(vllm, caplog):
     assert model.mhc_post_tilelang is mhc_post_tilelang
     assert f"{plugin.MTP_MODULE}.mhc_post_tilelang" in patched
     assert sum("hook skipped" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_function_with_vllms_parameters_defined_elsewhere_is_not_replaced(vllm, caplog):
+    """Only vLLM's own function is wrapped: one with the same name and parameters from another
+    module (another plugin's replacement, say) is left in place with a warning."""
+    theirs = vllm.model.mhc_post_tilelang
+
+    def mhc_post_tilelang(x, residual, post_layer_mix, comb_res_mix):
+        return theirs(x, residual, post_layer_mix, comb_res_mix)
+
+    mhc_post_tilelang.__module__ = "another_plugin.kernels"
+    vllm.model.mhc_post_tilelang = mhc_post_tilelang
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        patched = register()
+    assert f"{plugin.TARGET_MODULE}.mhc_post_tilelang" not in patched
+    assert vllm.model.mhc_post_tilelang is mhc_post_tilelang
+    assert f"{plugin.MTP_MODULE}.mhc_post_tilelang" in patched
+    (message,) = [r.getMessage() for r in caplog.records if "hook skipped" in r.getMessage()]
+    assert "defined in another_plugin.kernels" in message
 
 
 def test_register_never_raises(vllm, monkeypatch, caplog):

@@ -1,7 +1,8 @@
-"""Structural checks on vLLM 0.33.0's own source (parsed, never imported): every mHC / hc_head
-call of the NVIDIA DeepSeek-V4 modules resolves, at call time, to a name the plugin replaces
-(or to one it lists as not hooked), with arguments that bind to the hook's parameters; the
-defaults the hooks rely on (CUDA graphs by stream capture, the plugin group) are vLLM's."""
+"""Structural checks on each supported vLLM's own source (parsed, never imported): every mHC /
+hc_head call of the NVIDIA DeepSeek-V4 modules resolves, at call time, to a name the plugin
+replaces (or to one it lists as not hooked), directly or through a local name assigned only
+from such names, with arguments that bind to the hook's parameters; the defaults the hooks rely
+on (CUDA graphs by stream capture, the plugin group) are vLLM's."""
 
 import ast
 import inspect
@@ -11,18 +12,16 @@ from pathlib import Path
 import pytest
 
 from dsv4spec.integrations.vllm import plugin
-from dsv4spec.integrations.vllm.source import vllm_file, vllm_src
+from dsv4spec.integrations.vllm.source import vllm_file
 
 from .standins import MODEL_FILES
 
-pytestmark = pytest.mark.skipif(vllm_src() is None, reason="vLLM 0.33.0's source is not "
-                                "unpacked (`make setup`, or set DSV4SPEC_VLLM_SRC)")
 ROOT = Path(__file__).resolve().parents[3]
 HOOKED = {hook.attr: hook for hook in plugin.HOOKS}
 KERNEL_NAMES = set(HOOKED) | set(plugin.NOT_HOOKED)
-# Every call of those names in the NVIDIA model modules (vLLM 0.33.0): (module, line, name,
-# enclosing function).
-CALL_SITES = [
+# Every call of those names in the NVIDIA model modules, per vLLM version: (module, line, name,
+# enclosing function); a call through a local alias counts once per name the alias may hold.
+CALL_SITES = {"0.33.0": [
     ("model", 730, "mhc_pre_broadcast_tilelang", "DeepseekV4DecoderLayer.forward"),
     ("model", 746, "mhc_pre_tilelang", "DeepseekV4DecoderLayer.forward"),
     ("model", 760, "mhc_fused_post_pre_tilelang", "DeepseekV4DecoderLayer.forward"),
@@ -34,7 +33,37 @@ CALL_SITES = [
     ("mtp", 286, "hc_head_fused_kernel_tilelang", "DeepSeekV4MultiTokenPredictor.compute_logits"),
     ("dspark", 266, "mhc_post_tilelang", "DSparkDeepseekV4Model.forward"),
     ("dspark", 270, "hc_head_fused_kernel_tilelang", "DSparkDeepseekV4Model.forward"),
-]
+], "0.34.0": [
+    ("model", 741, "mhc_pre_broadcast_tilelang", "DeepseekV4DecoderLayer.forward"),
+    ("model", 758, "mhc_pre_tilelang", "DeepseekV4DecoderLayer.forward"),
+    # fused_post_pre: mhc_fused_post_pre_tilelang_reuse_residual where the caller hands its
+    # residual over (DeepseekV4Model.forward, every layer), else mhc_fused_post_pre_tilelang
+    # (the MTP block, DSpark's layers, a first layer that starts from residual = x)
+    ("model", 772, "mhc_fused_post_pre_tilelang", "DeepseekV4DecoderLayer.forward"),
+    ("model", 772, "mhc_fused_post_pre_tilelang_reuse_residual",
+     "DeepseekV4DecoderLayer.forward"),
+    ("model", 800, "mhc_fused_post_pre_tilelang", "DeepseekV4DecoderLayer.forward"),
+    ("model", 800, "mhc_fused_post_pre_tilelang_reuse_residual",
+     "DeepseekV4DecoderLayer.forward"),
+    ("model", 1018, "mhc_post_tilelang", "DeepseekV4Model.forward"),
+    ("model", 1031, "mhc_post_tilelang", "DeepseekV4Model.forward"),
+    ("model", 1050, "hc_head_fused_kernel_tilelang", "DeepseekV4Model.forward"),
+    ("mtp", 201, "mhc_post_tilelang", "DeepSeekV4MultiTokenPredictorLayer.forward"),
+    ("mtp", 283, "hc_head_fused_kernel_tilelang", "DeepSeekV4MultiTokenPredictor.compute_logits"),
+    ("dspark", 266, "mhc_post_tilelang", "DSparkDeepseekV4Model.forward"),
+    ("dspark", 270, "hc_head_fused_kernel_tilelang", "DSparkDeepseekV4Model.forward"),
+]}
+
+
+# Hooked functions a version does not define yet.
+NEW_IN = {"0.33.0": ("mhc_fused_post_pre_reuse_residual",)}
+
+
+def test_the_versions_without_a_hooked_function_do_not_define_it(vllm_source):
+    defined = {n.name for n in tree("model_executor/kernels/mhc/tilelang.py").body
+               if isinstance(n, ast.FunctionDef)}
+    assert {h.name for h in plugin.HOOKS if h.attr not in defined} == set(
+        NEW_IN.get(vllm_source, ()))
 
 
 def tree(relpath):
@@ -45,21 +74,48 @@ def short(module):
     return module.rsplit(".", 1)[1]
 
 
+def kernel_names(value):
+    """The kernel names an expression may evaluate to, if it is a kernel name or a conditional
+    between such expressions; None otherwise."""
+    if isinstance(value, ast.Name):
+        return {value.id} if value.id in KERNEL_NAMES else None
+    if isinstance(value, ast.IfExp):
+        body, orelse = kernel_names(value.body), kernel_names(value.orelse)
+        return None if body is None or orelse is None else body | orelse
+    return None
+
+
+def aliases(function):
+    """Local name -> the kernel names ``function`` assigns to it (every assignment to it)."""
+    assigned = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            names = kernel_names(node.value)
+            for target in node.targets:
+                if isinstance(target, ast.Name) and names is not None:
+                    assigned.setdefault(target.id, set()).update(names)
+    return assigned
+
+
 def calls(module_tree):
-    """(line, name, enclosing qualname, call) of every call of a kernel name."""
+    """(line, name, enclosing qualname, call) of every call of a kernel name, directly or
+    through a local alias (once per name the alias may hold)."""
     found = []
 
-    def visit(node, scope):
+    def visit(node, scope, local):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                visit(child, [*scope, child.name])
+                inner = aliases(child) if not isinstance(child, ast.ClassDef) else {}
+                visit(child, [*scope, child.name], inner)
                 continue
-            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Name)
-                    and child.func.id in KERNEL_NAMES):
-                found.append((child.lineno, child.func.id, ".".join(scope), child))
-            visit(child, scope)
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name):
+                if child.func.id in KERNEL_NAMES:
+                    found.append((child.lineno, child.func.id, ".".join(scope), child))
+                for name in sorted(local.get(child.func.id, ())):
+                    found.append((child.lineno, name, ".".join(scope), child))
+            visit(child, scope, local)
 
-    visit(module_tree, [])
+    visit(module_tree, [], {})
     return found
 
 
@@ -83,12 +139,32 @@ def bindings(module_tree):
     return bound
 
 
-def test_the_call_sites_are_the_pinned_ones():
+def test_the_call_sites_are_the_pinned_ones(vllm_source):
     found = []
     for module, relpath in MODEL_FILES.items():
         found += [(short(module), line, name, scope)
                   for line, name, scope, _ in calls(tree(relpath))]
-    assert sorted(found) == sorted(CALL_SITES)
+    assert sorted(found) == sorted(CALL_SITES[vllm_source])
+
+
+def test_every_alias_of_a_kernel_name_holds_kernel_names_only():
+    """A local name a kernel name is assigned to (0.34.0's ``fused_post_pre``) is assigned
+    nothing else anywhere in its function, is never a parameter, and is read from the module's
+    globals when assigned, in the same call: the replaced names reach its calls too."""
+    for relpath in MODEL_FILES.values():
+        for function in ast.walk(tree(relpath)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local = aliases(function)
+            params = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+            assert not set(local) & params
+            for node in ast.walk(function):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
+                        and node.id in local:
+                    parent = next(a for a in ast.walk(function) if isinstance(a, ast.Assign)
+                                  and node in a.targets)
+                    assert kernel_names(parent.value) is not None, \
+                        f"{relpath}:{node.lineno}: {node.id} assigned a non-kernel value"
 
 
 @pytest.mark.parametrize("module", plugin.MODEL_MODULES, ids=short)
@@ -107,8 +183,8 @@ def test_each_called_name_is_a_module_level_import_never_rebound(module):
     assert not called & bindings(t), "no kernel name is bound anywhere else in the module"
     assert all(scope for _, _, scope, _ in calls(t)), "every call runs inside a function"
     hooked_here = {hook.attr for hook in plugin.HOOKS if module in plugin.BOUND_IN[hook.name]}
-    assert hooked_here == called & set(HOOKED), "the plugin patches exactly the hooked names " \
-        "this module calls"
+    assert hooked_here & set(imported) == called & set(HOOKED), "the plugin patches exactly " \
+        "the hooked names this module calls"
     assert set(imported) - called - set(plugin.NOT_HOOKED) == set()
 
 
@@ -122,7 +198,9 @@ def _function_params(name):
 
 
 @pytest.mark.parametrize("hook", plugin.HOOKS, ids=lambda h: h.name)
-def test_hook_parameters_are_vllms(hook):
+def test_hook_parameters_are_vllms(hook, vllm_source):
+    if hook.name in NEW_IN.get(vllm_source, ()):
+        pytest.skip(f"{hook.attr} is not in vLLM {vllm_source}")
     params, _ = _function_params(hook.attr)
     assert params == hook.params
     fast = plugin.HOOKS[[h.name for h in plugin.HOOKS].index(hook.name)].make(None).fast
@@ -135,9 +213,12 @@ def test_hook_parameters_are_vllms(hook):
     assert defaults == vllm_defaults
 
 
-@pytest.mark.parametrize("site", [s for s in CALL_SITES if s[2] in HOOKED],
-                         ids=lambda s: f"{s[0]}:{s[1]}")
-def test_each_call_binds_to_the_hooks_parameters(site):
+@pytest.mark.parametrize("site", sorted({s for sites in CALL_SITES.values() for s in sites
+                                          if s[2] in HOOKED}),
+                         ids=lambda s: f"{s[0]}:{s[1]}:{s[2]}")
+def test_each_call_binds_to_the_hooks_parameters(site, vllm_source):
+    if site not in CALL_SITES[vllm_source]:
+        pytest.skip(f"not a call site of vLLM {vllm_source}")
     module, line, name, _ = site
     call = next(c for ln, n, _, c in calls(tree(MODEL_FILES[f"vllm.models.deepseek_v4.nvidia."
                                                             f"{module}"]))

@@ -14,11 +14,17 @@ import logging
 from collections.abc import Callable
 from types import ModuleType
 
+from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
+from dsv4spec.usage import env_switch
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
+# The versions whose manifests dsv4spec ships (manifests/sglang-<version>.json): a hook registers
+# where the running SGLang's source matches one of them, whatever its version string says.
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
+# Register hooks whose source matches no manifest anyway.
+ALLOW_UNTESTED = "DSV4SPEC_SGLANG_ALLOW_UNTESTED"
 __all__ = ["HOOKS", "OFF_VALUES", "Hook", "register", "switch_on"]
 
 
@@ -150,7 +156,32 @@ HOOKS = (
          _draft_metadata_hook),
 )
 
+# The DeepSeek-V4 model modules: which names of the mHC kernels module they bind and call is
+# part of each manifest; their functions that call a hooked name are part of its fingerprint.
+MHC_MODULE = _MHC_MODULE
+MODEL_FILES = {
+    "sglang.srt.models.deepseek_v4": "srt/models/deepseek_v4.py",
+    "sglang.srt.models.deepseek_v4_nextn": "srt/models/deepseek_v4_nextn.py",
+    "sglang.srt.models.deepseek_v4_mhc": "srt/models/deepseek_v4_mhc.py",
+    "sglang.srt.models.deepseek_v4_dspark": "srt/models/deepseek_v4_dspark.py",
+}
+# Where the hooked methods are called beside the model modules: the attention backend (the
+# metadata hooks) and the speculative worker (the C128 rollback).
+_CALLER_FILES = (*MODEL_FILES.values(), "srt/layers/attention/deepseek_v4_backend.py",
+                 "srt/speculative/eagle_worker_common.py")
+
+
+def _relpath(module: str) -> str:
+    return module.split(".", 1)[1].replace(".", "/") + ".py"
+
+
+ENGINE_SPEC = manifest.EngineSpec(
+    "sglang", "sglang", (MHC_MODULE,), MODEL_FILES,
+    {hook.name: manifest.HookSource(_relpath(hook.module), hook.attr,
+                                    caller_files=_CALLER_FILES) for hook in HOOKS})
+
 _announced = False
+_verdicts: dict[str, manifest.Verdict] | None = None
 
 
 def installed_sglang_version() -> str | None:
@@ -186,9 +217,14 @@ def register() -> list[str]:
         return []
     version = installed_sglang_version()
     installed, off, skipped = [], [], []
+    checked = verdicts()
     for hook in HOOKS:
         if not switch_on(hook.switch):
             off.append(f"{hook.name} ({hook.switch}=0)")
+            continue
+        verdict = checked.get(hook.name)
+        if verdict is None or not (verdict.ok or env_switch(ALLOW_UNTESTED, False)):
+            skipped.append(hook.name)
             continue
         try:
             fn = hook.make(hook.resolve())
@@ -204,6 +240,50 @@ def register() -> list[str]:
     return installed
 
 
+def manifests() -> list[dict]:
+    """The packaged SGLang manifests; [] where they cannot be read."""
+    try:
+        return manifest.packaged_manifests("sglang")
+    except Exception as e:  # noqa: BLE001 - a broken install steps aside, never fails SGLang
+        logger.warning("dsv4spec: the SGLang manifests could not be read (%s: %s); every hook "
+                       "steps aside", type(e).__name__, e)
+        return []
+
+
+def verdicts() -> dict[str, manifest.Verdict]:
+    """Each hook's verdict for the running SGLang's source (decided once per process, read from
+    its files: nothing imported), with one WARNING per hook whose source matches no manifest,
+    naming what differs, and one per DSV4 module binding an mHC kernel name no manifest lists."""
+    global _verdicts
+    if _verdicts is not None:
+        return _verdicts
+    from dsv4spec.integrations.sglang.source import sglang_root
+
+    try:
+        root = sglang_root()
+    except Exception:  # noqa: BLE001
+        root = None
+    tested = manifests()
+    _verdicts = manifest.verdicts(ENGINE_SPEC, root, tested)
+    allow = env_switch(ALLOW_UNTESTED, False)
+    versions = ", ".join(m["version"] for m in tested) or "none"
+    for verdict in _verdicts.values():
+        if verdict.ok:
+            continue
+        logger.warning(
+            "dsv4spec: SGLang %s hook %s: the SGLang source it rests on (%s) matches no tested "
+            "SGLang (%s): %s%s", verdict.hook, "registered anyway" if allow else "steps aside",
+            root, versions, verdict.reason, f" ({ALLOW_UNTESTED}=1)" if allow else
+            f"; SGLang's own code serves it ({ALLOW_UNTESTED}=1 registers it anyway)")
+    for module in MODEL_FILES:
+        new = manifest.uncovered(ENGINE_SPEC, root, tested, module)
+        if new:
+            logger.warning("dsv4spec: SGLang coverage changed: %s binds %s from %s, which no "
+                           "tested SGLang (%s) binds there; dsv4spec hooks none of it",
+                           module, ", ".join(new), MHC_MODULE, versions)
+    return _verdicts
+
+
 def _announce(version: str | None, installed: list[str], off: list[str],
               skipped: list[str]) -> None:
     global _announced
@@ -213,8 +293,8 @@ def _announce(version: str | None, installed: list[str], off: list[str],
     from dsv4spec import __version__
 
     if version not in SUPPORTED_SGLANG_VERSIONS:
-        logger.warning("dsv4spec: SGLang %s is not a supported version (%s); hooks are "
-                       "installed only where their targets match", version,
+        logger.warning("dsv4spec: SGLang %s is not a tested version (%s); hooks are "
+                       "registered only where their source matches a tested version's", version,
                        ", ".join(SUPPORTED_SGLANG_VERSIONS))
     # WARNING: SGLang configures logging after loading plugins, so a lower level is lost.
     logger.warning("dsv4spec %s SGLang plugin on SGLang %s: installed %s; off: %s; skipped: %s",

@@ -18,22 +18,30 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
+import importlib.machinery
 import importlib.metadata
 import inspect
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, GuardedHook, Hook, switch_on
+from dsv4spec.usage import env_switch
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
 
-SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
+# The versions whose manifests dsv4spec ships (manifests/vllm-<version>.json): a hook installs
+# where the running vLLM's source matches one of them, whatever its version string says.
+SUPPORTED_VLLM_VERSIONS = ("0.33.0", "0.34.0")
 MASTER_SWITCH = "DSV4SPEC_VLLM"
+# Install hooks whose source matches no manifest anyway.
+ALLOW_UNTESTED = "DSV4SPEC_VLLM_ALLOW_UNTESTED"
 KERNELS_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
-# The NVIDIA DeepSeek-V4 modules that call the hooked functions (vLLM 0.33.0): the target
+# The NVIDIA DeepSeek-V4 modules that call the hooked functions (vLLM 0.33.0, 0.34.0): the target
 # (DeepseekV4Model, whose DeepseekV4DecoderLayer.forward the MTP layer's block also runs), the
 # MTP draft and the DSpark draft. The vision model wraps the target and calls none itself.
 TARGET_MODULE = "vllm.models.deepseek_v4.nvidia.model"
@@ -70,12 +78,20 @@ HOOKS = (
          _make("mhc", "mhc_post")),
     Hook("mhc_fused_post_pre", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE,
          "mhc_fused_post_pre_tilelang", _FUSED, _make("mhc", "mhc_fused_post_pre")),
+    # vLLM 0.34.0: every boundary of the target's layers (DeepseekV4Model.forward passes
+    # reuse_residual=True); the MTP block and DSpark's layers keep mhc_fused_post_pre_tilelang.
+    # Same parameters, same kernels (tilelang_kernels.py is byte-identical in 0.33.0 and 0.34.0),
+    # so it reads mhc_fused_post_pre's table rows.
+    Hook("mhc_fused_post_pre_reuse_residual", "DSV4SPEC_VLLM_MHC", KERNELS_MODULE,
+         "mhc_fused_post_pre_tilelang_reuse_residual", _FUSED,
+         _make("mhc", "mhc_fused_post_pre_reuse_residual")),
 )
 BOUND_IN: dict[str, tuple[str, ...]] = {
     "hc_head": MODEL_MODULES,
     "mhc_pre": (TARGET_MODULE,),
     "mhc_post": MODEL_MODULES,
     "mhc_fused_post_pre": (TARGET_MODULE,),
+    "mhc_fused_post_pre_reuse_residual": (TARGET_MODULE,),
 }
 
 # The mHC names those modules call that no hook replaces, and why.
@@ -86,8 +102,27 @@ NOT_HOOKED = {
         "fn_broadcast [24, H]; dsv4spec has no broadcast mhc_pre and none was measured"),
 }
 
+_KERNELS_FILE = "model_executor/kernels/mhc/tilelang.py"
+MODEL_FILES = {TARGET_MODULE: "models/deepseek_v4/nvidia/model.py",
+               MTP_MODULE: "models/deepseek_v4/nvidia/mtp.py",
+               DSPARK_MODULE: "models/deepseek_v4/nvidia/dspark.py"}
+# What each hook's correctness rests on (manifests/vllm-*.json hold its fingerprint per version):
+# vLLM's function and what it reaches in tilelang.py and tilelang_kernels.py (its kernels), and
+# the model functions that call it.
+ENGINE_SPEC = manifest.EngineSpec(
+    "vllm", "vllm", (KERNELS_MODULE,), MODEL_FILES,
+    {hook.name: manifest.HookSource(
+        _KERNELS_FILE, hook.attr,
+        helper_files=("model_executor/kernels/mhc/tilelang_kernels.py",),
+        caller_files=tuple(MODEL_FILES.values())) for hook in HOOKS})
+
 _guards: dict[str, GuardedHook] = {}  # one per hook, shared by every module it patches
 _announced = False
+# The hooks' verdicts against the packaged manifests, decided once per process at the first
+# DeepSeek-V4 module patched (processes that never import one never read vLLM's source).
+_verdicts: dict[str, manifest.Verdict] | None = None
+_manifests: list[dict] | None = None
+_covered: set[str] = set()  # modules whose bound names were compared with the manifests
 
 
 def installed_vllm_version() -> str | None:
@@ -112,11 +147,85 @@ def _wrap(guard: GuardedHook, original: Callable) -> Callable:
     return hooked
 
 
+def _source_root(module: ModuleType) -> Path | None:
+    """The directory holding the running vLLM's ``vllm/`` folder: from the file its mHC kernels
+    module (which every DeepSeek-V4 module imports first) or ``module`` was loaded from, else
+    vLLM located on ``sys.path`` (nothing imported)."""
+    kernels = sys.modules.get(KERNELS_MODULE)
+    for file, relpath in ((getattr(kernels, "__file__", None), _KERNELS_FILE),
+                          (getattr(module, "__file__", None),
+                           MODEL_FILES.get(module.__name__, ""))):
+        root = manifest.source_root(file, "vllm", relpath)
+        if root is not None:
+            return root
+    spec = importlib.machinery.PathFinder.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).parent
+    return None
+
+
+def manifests() -> list[dict]:
+    """The packaged vLLM manifests (read once); [] where they cannot be read."""
+    global _manifests
+    if _manifests is None:
+        try:
+            _manifests = manifest.packaged_manifests("vllm")
+        except Exception as e:  # noqa: BLE001 - a broken install steps aside, never fails vLLM
+            logger.warning("dsv4spec: the vLLM manifests could not be read (%s: %s); every "
+                           "hook steps aside", type(e).__name__, e)
+            _manifests = []
+    return _manifests
+
+
+def verdicts(module: ModuleType) -> dict[str, manifest.Verdict]:
+    """Each hook's verdict for the running vLLM (decided once, from ``module``'s source tree):
+    one WARNING per hook whose source matches no manifest, naming what differs."""
+    global _verdicts
+    if _verdicts is None:
+        root = _source_root(module)
+        _verdicts = manifest.verdicts(ENGINE_SPEC, root, manifests())
+        allow = env_switch(ALLOW_UNTESTED, False)
+        tested = ", ".join(m["version"] for m in manifests()) or "none"
+        for verdict in _verdicts.values():
+            if verdict.ok or verdict.absent or verdict.hook not in _guards:
+                continue
+            logger.warning(
+                "dsv4spec: vLLM %s hook %s: the vLLM source it rests on (%s) matches no tested "
+                "vLLM (%s): %s%s", verdict.hook,
+                "installed anyway" if allow else "steps aside", root, tested, verdict.reason,
+                f" ({ALLOW_UNTESTED}=1)" if allow else
+                f"; vLLM's own function serves it ({ALLOW_UNTESTED}=1 installs it anyway)")
+    return _verdicts
+
+
+def _check_coverage(module: ModuleType) -> None:
+    """One WARNING where ``module`` binds a name from vLLM's mHC kernels module that no
+    manifest lists for it: a call dsv4spec has never seen, which vLLM's own function serves."""
+    if module.__name__ in _covered:
+        return
+    _covered.add(module.__name__)
+    new = manifest.uncovered(ENGINE_SPEC, _source_root(module), manifests(), module.__name__)
+    if new:
+        logger.warning("dsv4spec: vLLM coverage changed: %s binds %s from %s, which no tested "
+                       "vLLM (%s) binds there; dsv4spec hooks none of it, vLLM's own functions "
+                       "serve those calls", module.__name__, ", ".join(new), KERNELS_MODULE,
+                       ", ".join(m["version"] for m in manifests()) or "none")
+
+
+def _may_install(hook: Hook, module: ModuleType) -> bool:
+    verdict = verdicts(module).get(hook.name)
+    if verdict is None or verdict.absent:
+        return False  # a function this vLLM does not define (0.33.0: reuse_residual)
+    return verdict.ok or env_switch(ALLOW_UNTESTED, False)
+
+
 def _patch(module: ModuleType) -> list[str]:
     """Replace the hooked names ``module`` binds; returns the ``module.name`` targets patched
-    now or before. A name whose function is not vLLM's with the expected parameters is skipped
-    with a warning, never fatal."""
+    now or before. A hook whose source matches no manifest steps aside (see :func:`verdicts`);
+    a name whose function is not vLLM's with the expected parameters is skipped with a warning,
+    never fatal."""
     patched = []
+    _check_coverage(module)
     for hook in HOOKS:
         if module.__name__ not in BOUND_IN[hook.name] or hook.name not in _guards:
             continue
@@ -124,6 +233,8 @@ def _patch(module: ModuleType) -> list[str]:
         original = getattr(module, hook.attr, None)
         if is_hooked(original):
             patched.append(target)
+            continue
+        if not _may_install(hook, module):
             continue
         try:
             if original is None:

@@ -3,8 +3,9 @@
 ``import vllm`` needs CUDA libraries and torch 2.14.0; tests and benchmarks need only a few
 self-contained files of it: the DeepSeek-V4 model files (read as text for the structural checks),
 the mHC kernel wrappers and their torch reference (executed by path over small stand-ins). They
-come from vLLM's wheel, unpacked by :func:`unpack_wheel` (``make setup`` runs it once into the
-ignored ``.vllm-src/``); ``$DSV4SPEC_VLLM_SRC`` points elsewhere (a directory holding ``vllm/``).
+come from vLLM's wheels, unpacked by :func:`unpack_wheel` (``make setup`` runs it once per
+supported version into the ignored ``.vllm-src/<version>/``); ``$DSV4SPEC_VLLM_SRC`` points
+elsewhere (a directory holding ``vllm/``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from types import ModuleType
 from dsv4spec.integrations.source import load_module_from_path, package_file
 
 SRC_ENV = "DSV4SPEC_VLLM_SRC"
+# The versions whose sources `make setup` unpacks (each into DEFAULT_DIR/<version>/), and the one
+# the benchmarks and tools read by default (the version their measurements were made on).
+SOURCE_VERSIONS = ("0.33.0", "0.34.0")
 SUPPORTED_VLLM_VERSION = "0.33.0"
-# The unpacked copy `make setup` writes, relative to the repository root.
+# The unpacked copies `make setup` writes, relative to the repository root.
 DEFAULT_DIR = ".vllm-src"
 VERSION_FILE = "VLLM_VERSION"
 # The files of vLLM's wheel the plugin's tests and benchmarks read or execute.
@@ -35,19 +39,29 @@ NEEDED = (
     "vllm/config/vllm.py",  # DSV4's compilation and CUDA-graph defaults
     "vllm/compilation/breakable_cudagraph.py",
     "vllm/plugins/__init__.py",  # how general plugins are loaded
-    "vllm/v1/spec_decode/llm_base_proposer.py",  # the MTP draft passes of one step
+    "vllm/v1/spec_decode/llm_base_proposer.py",  # the MTP draft passes of one step (0.33.0)
 )
 
 
-def _repo_default() -> Path:
-    return Path(__file__).resolve().parents[4] / DEFAULT_DIR
+def _repo_default(version: str = SUPPORTED_VLLM_VERSION) -> Path:
+    return Path(__file__).resolve().parents[4] / DEFAULT_DIR / version
+
+
+def unpacked_source(version: str) -> Path | None:
+    """The checkout's ``.vllm-src/<version>/`` where ``make setup`` has unpacked it, else None."""
+    root = _repo_default(version)
+    return root if _is_root(root) else None
+
+
+def _is_root(root: Path) -> bool:
+    return (root / "vllm" / "model_executor" / "kernels" / "mhc" / "tilelang.py").is_file()
 
 
 def vllm_src() -> Path | None:
     """The directory holding vLLM's ``vllm/`` source folder, or ``None`` if none is found.
 
-    ``$DSV4SPEC_VLLM_SRC`` wins; then the checkout's ``.vllm-src/``; then an installed ``vllm``
-    located on ``sys.path`` (nothing is imported).
+    ``$DSV4SPEC_VLLM_SRC`` wins; then the checkout's ``.vllm-src/<SUPPORTED_VLLM_VERSION>/``;
+    then an installed ``vllm`` located on ``sys.path`` (nothing is imported).
     """
     env = os.environ.get(SRC_ENV)
     candidates = [Path(env)] if env else [_repo_default()]
@@ -56,7 +70,7 @@ def vllm_src() -> Path | None:
         if spec is not None and spec.submodule_search_locations:
             candidates.append(Path(next(iter(spec.submodule_search_locations))).parent)
     for root in candidates:
-        if (root / "vllm" / "model_executor" / "kernels" / "mhc" / "tilelang.py").is_file():
+        if _is_root(root):
             return root
     return None
 
