@@ -37,7 +37,9 @@ for b in .device/triton38_*.tar.xz; do unpack "$b" /tmp/t38; done
 for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
 unpack .device-sg/sglang_subset.tar.xz /tmp/sg
 [ -e /tmp/sg/.done ] && export DSV4SPEC_SGLANG_ROOT=/tmp/sg
-[ -d .vllm-src/vllm ] && export DSV4SPEC_VLLM_SRC=$PWD/.vllm-src
+for d in .vllm-src/0.33.0 .vllm-src; do  # make setup's unpacked vLLM source (per version)
+  [ -d "$d/vllm" ] && { export DSV4SPEC_VLLM_SRC=$PWD/$d; break; }
+done
 T36=$PWD/src
 T38=/tmp/t38:$PWD/src
 [ -e /tmp/tl/.done ] && T38=/tmp/t38:/tmp/tl:$PWD/src
