@@ -61,10 +61,12 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The plugins and the ops they hook, in Triton's interpreter, on SGLang 0.5.23's torch and Triton
-# (which cover vLLM 0.33.0's and 0.34.0's, see VLLM_VERSIONS).
+# (which cover vLLM 0.33.0's and 0.34.0's, see VLLM_VERSIONS). The vLLM plugin's tests run here on
+# the newest vLLM's source only: both versions pin the same torch, and `make test` runs both.
 test-sglang-pins: $(PINS_VENV)/.installed $(VLLM_UNPACKED)
 	$(PINS_PY) -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-	$(PINS_PY) -m pytest -q -p no:cacheprovider tests/integrations tests/ops tests/kernels
+	DSV4SPEC_VLLM_SRC=$(CURDIR)/$(VLLM_SRC)/$(lastword $(VLLM_VERSIONS)) \
+		$(PINS_PY) -m pytest -q -p no:cacheprovider tests/integrations tests/ops tests/kernels
 
 bench: setup
 	$(PY) -m dsv4spec.cli bench cleanup --out benchmarks/results/cleanup
