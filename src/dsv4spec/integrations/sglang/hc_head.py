@@ -3,9 +3,9 @@
 The MTP draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
 replaces it on the GPU architectures it was measured on. DSpark's
 (``DeepseekV4ForCausalLMDSpark.collapse_hc_head``, SGLang's ``hc_head_torch``) is the same chain
-over the draft block's ``bs * N`` rows, and takes the same rule. The target's (``DeepseekV4Model.hc_head``)
-is already SGLang's own fused Triton kernel (``fused_hc_head``): ours replaces it only where it
-measured faster, per architecture, mode and width.
+over the draft block's ``bs * N`` rows, and takes the same rule. The target's
+(``DeepseekV4Model.hc_head``) is already SGLang's own fused Triton kernel (``fused_hc_head``): ours
+replaces it only where it measured faster, per architecture, mode and width.
 
 All step aside (SGLang's path runs) for a served model other than DeepSeek-V4
 (:mod:`~dsv4spec.integrations.sglang.served_model`), on ROCm, on GPU architectures absent from the
