@@ -20,6 +20,8 @@ COMPRESSION_METHOD, FLASHMLA_METHOD = (
     for name in ("init_compression_metadata", "init_flashmla_related"))
 DRAFT_METADATA = next(hook.target for hook in plugin.HOOKS
                       if hook.attr == "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph")
+DSPARK = next(hook.target for hook in plugin.HOOKS
+              if hook.attr == "DeepseekV4ForCausalLMDSpark.collapse_hc_head")
 MHC_TARGETS = (MHC_PRE, MHC_POST, MHC_POST_PRE)
 METADATA_TARGETS = (PAGE_TABLE, COMPRESSED, EXPAND)
 
@@ -40,6 +42,8 @@ class FakeSGLang:
     c128_metadata: ModuleType | None = None
     # sglang.srt.layers.attention.deepseek_v4_backend (SGLang's methods on a stand-in class)
     backend: ModuleType | None = None
+    # sglang.srt.models.deepseek_v4_dspark (SGLang's collapse_hc_head on a stand-in class)
+    dspark: ModuleType | None = None
 
     def install(self) -> list[str]:
         """What SGLang's ``load_plugins()`` does with the plugin: register, then apply."""
@@ -136,6 +140,7 @@ def sgl(monkeypatch, serves):
         registry.HookRegistry.reset()
         pool = standins.add_module(standins.POOL_MOD, standins.pool_module())
         nextn = standins.add_module(standins.NEXTN_MOD, standins.nextn_module())
+        dspark = standins.add_module(standins.DSPARK_MOD, standins.dspark_module())
         target = standins.add_module(standins.TARGET_MOD, standins.target_module())
         mhc = standins.mhc_module()
         page_metadata, c128_metadata = standins.metadata_modules()
@@ -154,9 +159,10 @@ def sgl(monkeypatch, serves):
             COMPRESSION_METHOD: backend.DSV4AttnMetadata.init_compression_metadata,
             FLASHMLA_METHOD: backend.DSV4AttnMetadata.init_flashmla_related,
             DRAFT_METADATA: backend.DeepseekV4MultiStepBackend.init_forward_metadata_in_graph,
+            DSPARK: dspark.DeepseekV4ForCausalLMDSpark.collapse_hc_head,
         }
         yield FakeSGLang(registry.HookRegistry, registry.HookType, pool, nextn, target, originals,
-                         mhc, page_metadata, c128_metadata, backend)
+                         mhc, page_metadata, c128_metadata, backend, dspark)
         registry.HookRegistry.reset()
     finally:
         for name in [name for name in sys.modules if _is_sglang(name)]:

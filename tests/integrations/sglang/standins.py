@@ -24,6 +24,7 @@ from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file
 POOL_FILE = "srt/mem_cache/deepseek_v4_memory_pool.py"
 STATE_FILE = "srt/mem_cache/deepseek_v4_compress_state.py"
 NEXTN_FILE = "srt/models/deepseek_v4_nextn.py"
+DSPARK_FILE = "srt/models/deepseek_v4_dspark.py"
 TARGET_FILE = "srt/models/deepseek_v4.py"
 CLEANUP_FILE = "kernels/ops/kvcache/dsv4_c128_cleanup.py"
 MHC_HEAD_FILE = "kernels/ops/layernorm/mhc_head.py"
@@ -32,6 +33,7 @@ BACKEND_FILE = "srt/layers/attention/deepseek_v4_backend.py"
 
 POOL_MOD = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 NEXTN_MOD = "sglang.srt.models.deepseek_v4_nextn"
+DSPARK_MOD = "sglang.srt.models.deepseek_v4_dspark"
 TARGET_MOD = "sglang.srt.models.deepseek_v4"
 MHC_HEAD_MOD = "sglang.kernels.ops.layernorm.mhc_head"
 REGISTRY_MOD = "sglang.srt.plugins.hook_registry"
@@ -167,6 +169,37 @@ def nextn_module() -> types.ModuleType:
 
     DeepseekV4ModelNextN.__module__ = NEXTN_MOD
     module.DeepseekV4ModelNextN = DeepseekV4ModelNextN
+    return module
+
+
+def dspark_module() -> types.ModuleType:
+    """``deepseek_v4_dspark`` with ``DeepseekV4ForCausalLMDSpark`` and SGLang's own
+    ``collapse_hc_head``, which calls SGLang's own ``hc_head_torch`` (from ``deepseek_v4.py``,
+    as the real module imports it) with the last stage's ``hc_head_*`` weights."""
+    module = types.ModuleType(DSPARK_MOD)
+    module.torch, module.F = torch, F
+    module.hc_head_torch = upstream_function(TARGET_FILE, "hc_head_torch", None, module)
+    method = upstream_function(DSPARK_FILE, "collapse_hc_head", "DeepseekV4ForCausalLMDSpark",
+                               module)
+
+    class DeepseekV4ForCausalLMDSpark:
+        collapse_hc_head = counted(method)
+
+        def __init__(self, norm_eps: float, hc_eps: float, hc_fn=None, hc_scale=None,
+                     hc_base=None, hc_pre_from_prev_sublayer: bool = False,
+                     num_stages: int = 3) -> None:
+            # SGLang's __init__ (deepseek_v4_dspark.py): norm_eps = config.rms_norm_eps,
+            # hc_eps = config.hc_eps; the last stage alone holds hc_head_{fn,base,scale}, and
+            # None under DSV4.1's hc_pre_from_prev_sublayer.
+            self.norm_eps = norm_eps
+            self.hc_eps = hc_eps
+            self.hc_pre_from_prev_sublayer = hc_pre_from_prev_sublayer
+            self.stages = [types.SimpleNamespace() for _ in range(num_stages - 1)]
+            self.stages.append(types.SimpleNamespace(hc_head_fn=hc_fn, hc_head_scale=hc_scale,
+                                                     hc_head_base=hc_base))
+
+    DeepseekV4ForCausalLMDSpark.__module__ = DSPARK_MOD
+    module.DeepseekV4ForCausalLMDSpark = DeepseekV4ForCausalLMDSpark
     return module
 
 

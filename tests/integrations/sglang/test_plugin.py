@@ -15,6 +15,7 @@ from .conftest import (
     COMPRESSION_METHOD,
     DRAFT,
     DRAFT_METADATA,
+    DSPARK,
     EXPAND,
     FLASHMLA_METHOD,
     MHC_POST,
@@ -26,7 +27,7 @@ from .conftest import (
 )
 
 TARGETS = (ROLLBACK, DRAFT, TARGET, MHC_PRE, MHC_POST, MHC_POST_PRE, PAGE_TABLE, COMPRESSED,
-           EXPAND, COMPRESSION_METHOD, FLASHMLA_METHOD, DRAFT_METADATA)
+           EXPAND, COMPRESSION_METHOD, FLASHMLA_METHOD, DRAFT_METADATA, DSPARK)
 LOGGER = "dsv4spec.integrations.sglang"
 OWNERS = {  # hook target -> (module, class or None for a module-level function, name)
     ROLLBACK: (standins.POOL_MOD, "DeepSeekV4TokenToKVPool", "clear_unaccepted_c128_draft_states"),
@@ -42,6 +43,7 @@ OWNERS = {  # hook target -> (module, class or None for a module-level function,
     FLASHMLA_METHOD: (standins.BACKEND_MOD, "DSV4AttnMetadata", "init_flashmla_related"),
     DRAFT_METADATA: (standins.BACKEND_MOD, "DeepseekV4MultiStepBackend",
                      "init_forward_metadata_in_graph"),
+    DSPARK: (standins.DSPARK_MOD, "DeepseekV4ForCausalLMDSpark", "collapse_hc_head"),
 }
 
 
@@ -57,7 +59,7 @@ def registered(sgl):
 
 
 def test_register_installs_one_around_hook_per_target(sgl):
-    assert len(TARGETS) == len(plugin.HOOKS) == 12
+    assert len(TARGETS) == len(plugin.HOOKS) == 13
     installed = sgl.install()
     assert installed == list(TARGETS)
     assert registered(sgl) == {t: [sgl.hook_type.AROUND] for t in TARGETS}

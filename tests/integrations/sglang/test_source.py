@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(sglang_root() is None, reason="SGLang's source i
 FILES = {  # module of a hook target -> file inside the sglang package
     standins.POOL_MOD: standins.POOL_FILE,
     standins.NEXTN_MOD: standins.NEXTN_FILE,
+    standins.DSPARK_MOD: standins.DSPARK_FILE,
     standins.TARGET_MOD: standins.TARGET_FILE,
     standins.MHC_MOD: standins.MHC_FILE,
     standins.PAGE_METADATA_MOD: PAGE_FILE,
@@ -107,6 +108,32 @@ def test_compress_state_pool_has_ratio_ring_size_and_kv_score_buffer():
 def test_hc_head_owners_hold_the_epsilons_the_hooks_read(relpath, cls, eps):
     assert {eps, "hc_eps"} <= self_attributes_assigned(class_node(relpath, cls))
     assert {f"self.{eps}", "self.hc_eps"} <= attributes_read(function_node(relpath, "hc_head", cls))
+
+
+def test_dspark_collapse_hc_head_is_what_the_hook_replaces():
+    """The DSpark hook reads the same attributes as SGLang's collapse_hc_head: DSV4.1's switch,
+    the last stage's hc_head weights, and the epsilons the model takes from its config."""
+    cls = class_node(standins.DSPARK_FILE, "DeepseekV4ForCausalLMDSpark")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assigned = {ast.unparse(t): ast.unparse(n.value) for n in ast.walk(init)
+                if isinstance(n, ast.Assign) for t in n.targets}
+    assert assigned["self.norm_eps"] == "float(config.rms_norm_eps)"
+    assert assigned["self.hc_eps"] == "float(config.hc_eps)"
+    assert "self.hc_pre_from_prev_sublayer" in assigned
+    fn = function_node(standins.DSPARK_FILE, "collapse_hc_head", "DeepseekV4ForCausalLMDSpark")
+    first = fn.body[0]
+    assert isinstance(first, ast.If) and ast.unparse(first.test) == (
+        "self.hc_pre_from_prev_sublayer")
+    assert ast.unparse(first.body[-1]) == "return x"
+    (call,) = [n for n in ast.walk(fn) if isinstance(n, ast.Call)
+               and ast.unparse(n.func) == "hc_head_torch"]
+    assert ast.unparse(call) == ("hc_head_torch(x, last.hc_head_fn, last.hc_head_scale, "
+                                 "last.hc_head_base, norm_eps=self.norm_eps, hc_eps=self.hc_eps)")
+    assert "last = self.stages[-1]" in {ast.unparse(n) for n in fn.body}
+    tree, _ = standins.parse(standins.DSPARK_FILE)
+    imports = {(n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom)
+               for a in n.names}
+    assert (standins.TARGET_MOD, "hc_head_torch") in imports
 
 
 def test_target_hc_head_calls_sglang_fused_kernel():

@@ -1,15 +1,17 @@
-"""SGLang plugin: dsv4spec's fused ops inside SGLang's DeepSeek-V4 MTP serving path.
+"""SGLang plugin: dsv4spec's fused ops inside SGLang's DeepSeek-V4 MTP and DSpark serving paths.
 
 Supported SGLang versions: 0.5.23.
 
 Installed through the ``sglang.srt.plugins`` entry point ``dsv4spec`` (``pip install
-dsv4spec[sglang]``); SGLang calls :func:`register` in every process. Twelve AROUND hooks
-under five switches (``0`` turns a switch's hooks off; default on; the list: ``plugin.HOOKS``):
+dsv4spec[sglang]``); SGLang calls :func:`register` in every process. Thirteen AROUND hooks
+under six switches (``0`` turns a switch's hooks off; default on; the list: ``plugin.HOOKS``):
 
 - ``DSV4SPEC_SGLANG_ROLLBACK``: ``DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states``,
   one fused launch for every C128 state instead of one per layer;
 - ``DSV4SPEC_SGLANG_DRAFT_HC_HEAD``: ``DeepseekV4ModelNextN.hc_head``, the fused hc_head kernel
   instead of the draft's eager chain;
+- ``DSV4SPEC_SGLANG_DSPARK_HC_HEAD``: ``DeepseekV4ForCausalLMDSpark.collapse_hc_head``, the fused
+  hc_head kernel instead of DSpark's ``hc_head_torch`` chain over the draft block's rows;
 - ``DSV4SPEC_SGLANG_TARGET_HC_HEAD``: ``DeepseekV4Model.hc_head``, the fused hc_head kernel where
   it measured faster than SGLang's ``fused_hc_head``;
 - ``DSV4SPEC_SGLANG_MHC``: ``mhc_pre``, ``mhc_post`` and ``mhc_fused_post_pre`` of

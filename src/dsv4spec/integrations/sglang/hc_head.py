@@ -1,18 +1,20 @@
-"""AROUND hooks on the draft's and the target's ``hc_head``.
+"""AROUND hooks on the drafts' and the target's ``hc_head``.
 
-The draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
-replaces it on the GPU architectures it was measured on. The target's (``DeepseekV4Model.hc_head``)
-is already SGLang's own fused Triton kernel (``fused_hc_head``): ours replaces it only where it
-measured faster, per architecture, mode and width.
+The MTP draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
+replaces it on the GPU architectures it was measured on. DSpark's
+(``DeepseekV4ForCausalLMDSpark.collapse_hc_head``, SGLang's ``hc_head_torch``) is the same chain
+over the draft block's ``bs * N`` rows, and takes the same rule. The target's
+(``DeepseekV4Model.hc_head``) is already SGLang's own fused Triton kernel (``fused_hc_head``): ours
+replaces it only where it measured faster, per architecture, mode and width.
 
-Both step aside (SGLang's path runs) for a served model other than DeepSeek-V4
+All step aside (SGLang's path runs) for a served model other than DeepSeek-V4
 (:mod:`~dsv4spec.integrations.sglang.served_model`), on ROCm, on GPU architectures absent from the
 measured tables, under a Triton release no table of this GPU was measured with, under
 ``torch.compile``, and when SGLang's deterministic inference or
 batch-invariant mode is on: our tiling depends on the token count, so a token's result could depend
 on the batch it came in.
 
-Both compile every kernel variant they can need when they first see a (device, width, dtype):
+All compile every kernel variant they can need when they first see a (device, width, dtype):
 SGLang's warm-up passes run before its CUDA-graph capture, so nothing compiles inside a capture or
 while serving. Token counts beyond what was compiled (and a first sight inside a capture) take
 SGLang's path.
@@ -55,7 +57,8 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # (other architectures and widths, T > 4096) keeps SGLang's path.
 TARGET_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "target_hc_head")
 # Architectures where the draft hook's kernel was measured against the draft's eager chain
-# (results/hc_head/hc_head_tensor_cores.md, provider "eager").
+# (results/hc_head/hc_head_tensor_cores.md, provider "eager"). The DSpark hook replaces the same
+# chain (SGLang's hc_head_torch) and follows this gate; its shapes (T = bs * N) are not measured.
 DRAFT_HC_HEAD_MEASURED: tuple[tuple[int, int], ...] = ((9, 0),)
 
 _warned: set[str] = set()
@@ -118,7 +121,7 @@ def sglang_deterministic() -> bool:
 
 def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     """``x``'s GPU architecture where the hooks may run dsv4spec's kernels on ``x``'s device,
-    width and dtype, with every variant ``T = 1..PRECOMPILE_MAX_TOKENS`` needs compiled (both
+    width and dtype, with every variant ``T = 1..PRECOMPILE_MAX_TOKENS`` needs compiled (the
     hooks share them); None where they step aside. Decided once per (device, width, dtype), at
     the first call outside a CUDA-graph capture (a first call inside one steps aside undecided)."""
     index = x.get_device()
@@ -152,6 +155,25 @@ def _rejected(which: str, error: Exception) -> Any:
     return STEP_ASIDE
 
 
+def _eager_chain_replaced(
+    which: str, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
+    hc_base: torch.Tensor, norm_eps: float, hc_eps: float,
+) -> Any:
+    """dsv4spec's fused hc_head in place of SGLang's unfused ATen chain (the MTP draft's
+    ``hc_head``, DSpark's ``hc_head_torch``), or :data:`STEP_ASIDE`."""
+    # torch.compile (SGLang's --enable-torch-compile) traces SGLang's own path: the fast path's
+    # host-side decisions are not traceable.
+    if (torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC
+            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
+            or _prepared(x) not in DRAFT_HC_HEAD_MEASURED or sglang_deterministic()):
+        return STEP_ASIDE
+    try:
+        return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
+                       norm_eps=norm_eps, hc_eps=hc_eps, impl="triton")
+    except (ValueError, TypeError) as e:  # raised by the input checks, before any work
+        return _rejected(which, e)
+
+
 def draft_hc_head(
     self: Any, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
     hc_base: torch.Tensor,
@@ -161,17 +183,27 @@ def draft_hc_head(
     Uses the module's ``rms_norm_eps`` and ``hc_eps``; steps aside for inputs or devices it does
     not cover (see the module docstring).
     """
-    # torch.compile (SGLang's --enable-torch-compile) traces SGLang's own path: the fast path's
-    # host-side decisions are not traceable.
-    if (torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC
-            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
-            or _prepared(x) not in DRAFT_HC_HEAD_MEASURED or sglang_deterministic()):
+    return _eager_chain_replaced("draft", x, hc_fn, hc_scale, hc_base,
+                                 self.rms_norm_eps, self.hc_eps)
+
+
+def dspark_hc_head(self: Any, x: torch.Tensor) -> Any:
+    """Fast path for ``DeepseekV4ForCausalLMDSpark.collapse_hc_head``: dsv4spec's fused hc_head
+    in place of SGLang's ``hc_head_torch``, with the last stage's ``hc_head_*`` weights and the
+    model's ``norm_eps`` and ``hc_eps`` (the config's ``rms_norm_eps`` and ``hc_eps``).
+
+    ``x`` is the draft block's residual streams ``[bs * N, hc_mult, H]`` (N draft rows per
+    request). DSV4.1's DSpark (``hc_pre_from_prev_sublayer``: ``forward`` has collapsed the
+    streams already) steps aside. Same gate as :func:`draft_hc_head`, whose measurement covers
+    the same unfused ATen chain (39.6 vs 4.2 us in a graph, 254 vs 38 us eager, H = 7168,
+    T = 4); DSpark's own shapes (T = bs * N, N = 7) have not been measured on a GPU yet. T is
+    capped at ``PRECOMPILE_MAX_TOKENS``, the range compiled before capture.
+    """
+    if self.hc_pre_from_prev_sublayer:
         return STEP_ASIDE
-    try:
-        return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
-                       norm_eps=self.rms_norm_eps, hc_eps=self.hc_eps, impl="triton")
-    except (ValueError, TypeError) as e:  # raised by the input checks, before any work
-        return _rejected("draft", e)
+    last = self.stages[-1]
+    return _eager_chain_replaced("DSpark draft", x, last.hc_head_fn, last.hc_head_scale,
+                                 last.hc_head_base, self.norm_eps, self.hc_eps)
 
 
 def target_hc_head(
@@ -199,6 +231,10 @@ def target_hc_head(
 
 def make_draft_hook(module: Any = None) -> GuardedHook:
     return GuardedHook("draft hc_head", only_for_dsv4(draft_hc_head), logger, "SGLang")
+
+
+def make_dspark_hook(module: Any = None) -> GuardedHook:
+    return GuardedHook("DSpark draft hc_head", only_for_dsv4(dspark_hc_head), logger, "SGLang")
 
 
 def make_target_hook(module: Any = None) -> GuardedHook:

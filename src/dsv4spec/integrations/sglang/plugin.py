@@ -40,6 +40,12 @@ def _draft_hc_head_hook(module: ModuleType) -> Callable:
     return make_draft_hook(module)
 
 
+def _dspark_hc_head_hook(module: ModuleType) -> Callable:
+    from dsv4spec.integrations.sglang.hc_head import make_dspark_hook
+
+    return make_dspark_hook(module)
+
+
 def _target_hc_head_hook(module: ModuleType) -> Callable:
     from dsv4spec.integrations.sglang.hc_head import make_target_hook
 
@@ -154,6 +160,10 @@ HOOKS = (
          "sglang.srt.layers.attention.deepseek_v4_backend",
          "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph", ("self", "forward_batch"),
          _draft_metadata_hook),
+    # DSpark's draft hc_head (SGLang's hc_head_torch over the draft block's bs * N rows).
+    Hook("DSpark draft hc_head", "DSV4SPEC_SGLANG_DSPARK_HC_HEAD",
+         "sglang.srt.models.deepseek_v4_dspark", "DeepseekV4ForCausalLMDSpark.collapse_hc_head",
+         ("self", "x"), _dspark_hc_head_hook),
 )
 
 # The DeepSeek-V4 model modules: which names of the mHC kernels module they bind and call is
@@ -175,9 +185,14 @@ def _relpath(module: str) -> str:
     return module.split(".", 1)[1].replace(".", "/") + ".py"
 
 
+# Files beside its own whose definitions a hook's function reaches by name: DSpark's
+# collapse_hc_head calls hc_head_torch, imported from the target model's file.
+_HELPER_FILES = {"DSpark draft hc_head": ("srt/models/deepseek_v4.py",)}
+
 ENGINE_SPEC = manifest.EngineSpec(
     "sglang", "sglang", (MHC_MODULE,), MODEL_FILES,
     {hook.name: manifest.HookSource(_relpath(hook.module), hook.attr,
+                                    helper_files=_HELPER_FILES.get(hook.name, ()),
                                     caller_files=_CALLER_FILES) for hook in HOOKS})
 
 _announced = False
