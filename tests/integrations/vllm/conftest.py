@@ -62,6 +62,8 @@ def fresh_plugin(monkeypatch) -> None:
     monkeypatch.setattr(mhc_hooks, "_compiled", set())
     monkeypatch.setattr(mhc_hooks, "_deep_gemm", None)
     monkeypatch.setattr(hc_head_hooks, "_ready", {})
+    monkeypatch.setattr(mhc_hooks, "_prepared", set())
+    monkeypatch.setattr(plugin, "_settled", {})
 
 
 def _vllm_modules(tilelang: bool, monkeypatch):

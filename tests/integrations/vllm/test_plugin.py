@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from dsv4spec.integrations.vllm import plugin, register
 
@@ -112,6 +113,35 @@ def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
     assert plugin._watcher.find_spec("os", None) is None, "other imports are not touched"
 
 
+def test_each_module_patched_on_import_is_logged(vllm, tmp_path, caplog):
+    """One INFO line per DeepSeek-V4 module patched on import, naming the names replaced; one
+    WARNING for a module imported that binds none of the names hooked there."""
+    package = "vllm.models.deepseek_v4.nvidia"
+    for name in plugin.MODEL_MODULES:
+        del sys.modules[name]
+        source = "\n".join(ast_unparse(node) for node in
+                           standins.model_imports(standins.MODEL_FILES[name]))
+        if name == plugin.DSPARK_MODULE:  # a vLLM that moved dspark's kernels elsewhere
+            source = "HIDDEN = 7168"
+        (tmp_path / f"{name.rsplit('.', 1)[1]}.py").write_text(source + "\n")
+    sys.modules[package].__path__ = [str(tmp_path)]
+    register()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for name in plugin.MODEL_MODULES:
+            importlib.import_module(name)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    warnings = [r.getMessage() for r in caplog.records if "binds none" in r.getMessage()]
+    for name in (plugin.TARGET_MODULE, plugin.MTP_MODULE):
+        (line,) = [m for m in infos if f"{name} patched on import" in m]
+        assert sorted(line.split(": ", 2)[2].split(", ")) == [
+            t.rsplit(".", 1)[1] for t in targets([name])]
+    assert not [m for m in infos if plugin.DSPARK_MODULE in m]
+    (warning,) = warnings
+    assert plugin.DSPARK_MODULE in warning and "hc_head_fused_kernel_tilelang" in warning
+    assert [r.levelno for r in caplog.records if "binds none" in r.getMessage()] == [
+        logging.WARNING]
+
+
 def ast_unparse(node):
     import ast
 
@@ -180,3 +210,42 @@ def test_import_and_register_import_nothing_of_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_register_imports_nothing_heavy():
+    """vLLM loads general plugins in its API-server and CLI processes too, which run no model:
+    there :func:`register` imports neither Triton nor dsv4spec's ops and kernels (they are
+    imported at a hook's first call)."""
+    code = textwrap.dedent("""
+        import sys, torch
+        before = set(sys.modules)
+        from dsv4spec.integrations.vllm import register
+        assert register() == []
+        new = sorted(set(sys.modules) - before)
+        heavy = [m for m in new if m == "triton" or m.startswith(("triton.", "dsv4spec.ops",
+                 "dsv4spec.kernels.", "dsv4spec.integrations.vllm.mhc",
+                 "dsv4spec.integrations.vllm.hc_head"))]
+        assert not heavy, heavy
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_fast_path_that_cannot_be_imported_leaves_vllms_function(vllm, monkeypatch, caplog):
+    register()
+
+    def broken(name):
+        raise ImportError("no module named triton")
+
+    monkeypatch.setattr(plugin, "fast_path", broken)
+    fn = vllm.model.mhc_post_tilelang
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    residual = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
+    post, comb = torch.zeros(2, 4, 1), torch.zeros(2, 4, 4)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        got = fn(x, residual, post, comb)
+    assert torch.equal(got, vllm.peer.module.mhc_post_tilelang(x, residual, post, comb))
+    assert not plugin.installed()["mhc_post"].enabled
+    assert "no module named triton" in caplog.text

@@ -10,7 +10,9 @@ vLLM's model code. So the hook replaces hc_head alone and vLLM's RMSNorm runs af
 
 The hook compiles every kernel variant ``T = 1..PRECOMPILE_MAX_TOKENS`` needs when it first sees
 a (device, width, dtype) outside a capture (vLLM's warm-up runs eagerly before its CUDA-graph
-capture), and steps aside where :mod:`~dsv4spec.integrations.vllm.mhc`'s rules say so.
+capture), where the table serves this architecture and width and vLLM's batch-invariant mode is
+off (nowhere else does it launch them), and steps aside where
+:mod:`~dsv4spec.integrations.vllm.mhc`'s rules say so.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import torch
 from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations.hc_head import precompile_hc_head
 from dsv4spec.integrations.hooks import STEP_ASIDE, gpu_architecture
-from dsv4spec.integrations.vllm.mhc import HC, prefers_dsv4spec, rejected, vllm_batch_invariant
+from dsv4spec.integrations.vllm.mhc import (
+    HC,
+    prefers_dsv4spec,
+    rejected,
+    table_spans,
+    vllm_batch_invariant,
+)
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS
 from dsv4spec.ops import hc_head
@@ -36,7 +44,9 @@ _ready: dict[tuple, tuple[int, int] | None] = {}
 def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     """``x``'s GPU architecture where the hook may run dsv4spec's kernel on ``x``'s device,
     width and dtype, with every variant up to PRECOMPILE_MAX_TOKENS compiled; None where it steps
-    aside. Decided once per (device, width, dtype), at the first call outside a capture."""
+    aside. Decided once per (device, width, dtype), at the first call outside a capture; the
+    kernels are compiled only where the table serves some count at this architecture and width
+    (elsewhere the hook never launches them)."""
     index = x.get_device()
     key = (index, x.shape[2], x.dtype)
     if key in _ready:
@@ -44,12 +54,16 @@ def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     if on_rocm() or not triton_runs_on(x.device):
         _ready[key] = None
         return None
+    if index >= 0 and stream_capturing(index):
+        return None
+    architecture = gpu_architecture(index)
+    if not table_spans("hc_head", architecture, x.shape[2]):
+        _ready[key] = None
+        return None
     if index >= 0:
-        if stream_capturing(index):
-            return None
         precompile_hc_head(x.shape[2], x.dtype, index, logger)
-    _ready[key] = gpu_architecture(index)
-    return _ready[key]
+    _ready[key] = architecture
+    return architecture
 
 
 def fast_hc_head(
@@ -65,9 +79,11 @@ def fast_hc_head(
             or x.shape[1] != HC or x.dtype != torch.bfloat16 or not x.is_contiguous()
             or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS):
         return STEP_ASIDE
-    architecture = _prepared(x)  # first: compiles on an eager call even where vLLM's path wins
+    if vllm_batch_invariant():
+        return STEP_ASIDE
+    architecture = _prepared(x)  # compiles on an eager call even where vLLM's path wins
     index = x.get_device()
-    if (architecture is None or vllm_batch_invariant()
+    if (architecture is None
             or not prefers_dsv4spec("hc_head", x.shape[0], x.shape[2],
                                     index >= 0 and stream_capturing(index), architecture)):
         return STEP_ASIDE

@@ -33,6 +33,7 @@ from dsv4spec.integrations.hooks import (
     run_where_measured_faster,
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
+from dsv4spec.integrations.mhc_precompile import Signature, precompile_mhc
 from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS, TABLES
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
@@ -102,9 +103,71 @@ def _capturing(index: int) -> bool:
     return index >= 0 and stream_capturing(index)
 
 
-def run_if_faster(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
+def visible_architectures() -> list[tuple[int, int] | None] | None:
+    """The compute capability of each GPU this process sees (None for a ROCm GPU); None in a
+    process without CUDA (the CPU interpreter)."""
+    if not torch.cuda.is_available():
+        return None
+    return [gpu_architecture(index) for index in range(torch.cuda.device_count())]
+
+
+def table_spans(op: str, architecture: tuple[int, int] | None, hidden_size: int | None = None,
+                ) -> list[tuple[int, int]]:
+    """The token ranges ``op``'s table gives to dsv4spec on that architecture, in a graph or
+    eagerly, at ``hidden_size`` (every width where None)."""
+    modes = TABLES[op].get(architecture) if architecture is not None else None
+    if modes is None:
+        return []
+    if hidden_size is None:
+        return [span for keyed in modes.values() for spans in keyed.values() for span in spans]
+    return [span for keyed in modes.values() for span in keyed.get(hidden_size, ())]
+
+
+def process_served(op: str) -> tuple[bool, str | None]:
+    """Whether ``op``'s table serves any GPU this process sees (any width, count or mode), and
+    those GPUs' architectures; (True, None) without CUDA (the interpreter decides per call)."""
+    architectures = visible_architectures()
+    if architectures is None:
+        return True, None
+    where = ", ".join("ROCm" if a is None else f"sm_{a[0]}{a[1]}" for a in architectures)
+    return any(table_spans(op, a) for a in architectures), where
+
+
+def served_tokens(op: str, hidden_size: int, architecture: tuple[int, int] | None,
+                  deep_gemm: bool) -> list[int]:
+    """The token counts at which the hook may launch dsv4spec's ``op`` at this width on that
+    architecture, in a graph or eagerly (:func:`prefers_dsv4spec`)."""
+    spans = table_spans(op, architecture, hidden_size)
+    top = max((hi for _, hi in spans), default=0)
+    return [T for T in range(1, top + 1)
+            if any(prefers_dsv4spec(op, T, hidden_size, in_graph, architecture, deep_gemm)
+                   for in_graph in (False, True))]
+
+
+_prepared: set[tuple] = set()
+
+
+def _prepare(op: str, index: int, hidden_size: int, architecture, deep_gemm: bool,
+             sig: Signature) -> None:
+    """At ``op``'s first eager call for a (device, width, signature) outside a capture: compile
+    every variant it may launch at the counts the table serves there (none where no table
+    serves), so no later eager call compiles, whatever its token count. Decided again where
+    vLLM's DeepGEMM use becomes known (it changes the counts served)."""
+    key = (op, index, hidden_size, sig, deep_gemm)
+    if key in _prepared:
+        return
+    _prepared.add(key)
+    tokens = served_tokens(op, hidden_size, architecture, deep_gemm)
+    if tokens:
+        precompile_mhc(op, tokens, hidden_size, index, sig, logger)
+
+
+def run_if_faster(op: str, residual: torch.Tensor, key: tuple, launch,
+                  sig: Signature | None = None) -> Any:
     """``launch()`` where the table prefers ours for this call, else STEP_ASIDE (the capture
-    rule: :func:`~dsv4spec.integrations.hooks.run_where_measured_faster`)."""
+    rule: :func:`~dsv4spec.integrations.hooks.run_where_measured_faster`). The first eager call
+    of a (device, width, signature) compiles every variant ``op`` may launch first
+    (:func:`_prepare`; ``sig`` None: nothing compiled ahead)."""
     if (torch.compiler.is_compiling() or on_rocm() or not triton_runs_on(residual.device)
             or vllm_batch_invariant()):
         return STEP_ASIDE
@@ -112,9 +175,23 @@ def run_if_faster(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
     architecture = gpu_architecture(index)
     T, _, H = residual.shape
     deep_gemm = DEEP_GEMM_FROM_TOKENS[op] is not None and vllm_deep_gemm()
+    capturing = _capturing(index)
+    if not capturing and sig is not None:
+        _prepare(op, index, H, architecture, deep_gemm, sig)
     return run_where_measured_faster(
-        (op, index, *key), _compiled, _capturing(index),
+        (op, index, *key), _compiled, capturing,
         lambda in_graph: prefers_dsv4spec(op, T, H, in_graph, architecture, deep_gemm), launch)
+
+
+def _signature(residual: torch.Tensor, fn: Any, hc_scale: Any, hc_base: Any, norm_weight: Any,
+               sinkhorn_repeat: int) -> Signature | None:
+    """The precompile's signature of an mhc_pre or boundary call (None where an argument is
+    not a tensor: nothing is compiled for it, and the op rejects the call)."""
+    if not all(isinstance(t, torch.Tensor) for t in (fn, hc_scale, hc_base)):
+        return None
+    return Signature(residual.dtype, fn.dtype, hc_scale.dtype, hc_base.dtype,
+                     None if norm_weight is None else norm_weight.dtype, int(sinkhorn_repeat),
+                     residual.is_cuda)
 
 
 def rejected(op: str, error: Exception) -> Any:
@@ -155,8 +232,9 @@ def fast_mhc_pre(
         return post.unsqueeze(-1), comb, layer_input
 
     key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    sig = _signature(residual, fn, hc_scale, hc_base, norm_weight, sinkhorn_repeat)
     try:
-        return run_if_faster("mhc_pre", residual, key, launch)
+        return run_if_faster("mhc_pre", residual, key, launch, sig)
     except (ValueError, TypeError) as e:  # raised by the op's input checks, before any launch
         return rejected("mhc_pre", e)
 
@@ -176,7 +254,8 @@ def fast_mhc_post(
         return mhc_post(x, residual, post, comb_res_mix, impl="triton")
 
     try:
-        return run_if_faster("mhc_post", residual, tuple(residual.shape), launch)
+        return run_if_faster("mhc_post", residual, tuple(residual.shape), launch,
+                             Signature(dtype=residual.dtype, fast_math=residual.is_cuda))
     except (ValueError, TypeError) as e:
         return rejected("mhc_post", e)
 
@@ -206,8 +285,9 @@ def fast_mhc_fused_post_pre(
         return new, post.unsqueeze(-1), comb, layer_input
 
     key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+    sig = _signature(residual, fn, hc_scale, hc_base, norm_weight, sinkhorn_repeat)
     try:
-        return run_if_faster("mhc_fused_post_pre", residual, key, launch)
+        return run_if_faster("mhc_fused_post_pre", residual, key, launch, sig)
     except (ValueError, TypeError) as e:
         return rejected("mhc_fused_post_pre", e)
 

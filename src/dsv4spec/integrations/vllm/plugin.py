@@ -52,11 +52,36 @@ __all__ = ["HOOKS", "MASTER_SWITCH", "MODEL_MODULES", "OFF_VALUES", "Hook", "ins
            "register", "switch_on"]
 
 
+# The module of each hook's fast path (dsv4spec.integrations.vllm.<area>.fast_<hook>).
+_AREAS: dict[str, str] = {}
+
+
+def fast_path(name: str) -> Callable:
+    """Hook ``name``'s fast path (imports dsv4spec's ops and kernels, and Triton)."""
+    return getattr(importlib.import_module(f"dsv4spec.integrations.vllm.{_AREAS[name]}"),
+                   f"fast_{name}")
+
+
 def _make(area: str, name: str) -> Callable[[ModuleType], Callable]:
+    """A GuardedHook whose fast path is imported at its first call: vLLM loads general plugins
+    in processes that never run a model (the API server, the CLI), where :func:`register` must
+    import nothing heavy (dsv4spec's ops import Triton and compile nothing, but take about
+    0.2 s). A failed import is a fault of the fast path: logged once, vLLM's function serves."""
+    _AREAS[name] = area
+
     def make(module: ModuleType | None = None) -> Callable:
-        fast = getattr(importlib.import_module(f"dsv4spec.integrations.vllm.{area}"),
-                       f"fast_{name}")
-        return GuardedHook(f"vLLM {name}", fast, logger, "vLLM")
+        guard = GuardedHook(f"vLLM {name}", None, logger, "vLLM")
+        loaded: list[Callable] = []
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            if not loaded:
+                loaded.append(fast_path(name))
+            if guard.fast is load:  # from now on the guard calls it directly
+                guard.fast = loaded[0]
+            return loaded[0](*args, **kwargs)
+
+        guard.fast = load
+        return guard
 
     return make
 
@@ -117,6 +142,11 @@ ENGINE_SPEC = manifest.EngineSpec(
         caller_files=tuple(MODEL_FILES.values())) for hook in HOOKS})
 
 _guards: dict[str, GuardedHook] = {}  # one per hook, shared by every module it patches
+# hook -> whether a table serves any GPU of this process (decided at the hook's first call; see
+# _settle); False: vLLM's function is back in the modules
+_settled: dict[str, bool] = {}
+# The table each hook reads (the reuse_residual boundary runs the boundary's kernels).
+_TABLE_OF = {"mhc_fused_post_pre_reuse_residual": "mhc_fused_post_pre"}
 _announced = False
 # The hooks' verdicts against the packaged manifests, decided once per process at the first
 # DeepSeek-V4 module patched (processes that never import one never read vLLM's source).
@@ -137,9 +167,14 @@ def is_hooked(fn: Any) -> bool:
     return getattr(fn, "_dsv4spec_hook", False)
 
 
-def _wrap(guard: GuardedHook, original: Callable) -> Callable:
+def _wrap(guard: GuardedHook, original: Callable, name: str) -> Callable:
     @functools.wraps(original)
     def hooked(*args: Any, **kwargs: Any) -> Any:
+        served = _settled.get(name)
+        if served is None:
+            served = _settle(name)
+        if not served:
+            return original(*args, **kwargs)
         return guard(original, *args, **kwargs)
 
     hooked._dsv4spec_hook = True
@@ -212,6 +247,37 @@ def _check_coverage(module: ModuleType) -> None:
                        ", ".join(m["version"] for m in manifests()) or "none")
 
 
+def _settle(name: str) -> bool:
+    """Whether hook ``name`` may serve in this process, decided at its first call: where no
+    measured-faster table serves any GPU this process sees (B200, MI300, any GPU under a Triton
+    release no table was measured with) vLLM's own function is put back in every module the hook
+    patched, so those calls no longer pay for the hook's checks, and the modules imported later
+    are not patched for it. Undecided (and served) in a process without CUDA (the interpreter):
+    the hook's per-call checks decide there. A failure to decide keeps the guarded hook."""
+    try:
+        from dsv4spec.integrations.vllm.mhc import process_served
+
+        served, where = process_served(_TABLE_OF.get(name, name))
+    except Exception as e:  # noqa: BLE001 - the guarded hook still decides per call
+        logger.warning("dsv4spec: vLLM %s: could not tell whether a table serves this process's "
+                       "GPUs (%s: %s); the hook decides per call", name, type(e).__name__, e)
+        served, where = True, None
+    _settled[name] = served
+    if not served:
+        restored = []
+        for module_name in BOUND_IN[name]:
+            module = sys.modules.get(module_name)
+            attr = next(hook.attr for hook in HOOKS if hook.name == name)
+            fn = getattr(module, attr, None)
+            if is_hooked(fn) and getattr(fn, "_dsv4spec_guard", None) is _guards.get(name):
+                setattr(module, attr, fn.__wrapped__)
+                restored.append(module_name)
+        logger.info("dsv4spec: vLLM %s: no measured-faster table serves this process's GPUs (%s); "
+                    "vLLM's own function is back in %s", name, where,
+                    ", ".join(restored) or "no module")
+    return served
+
+
 def _may_install(hook: Hook, module: ModuleType) -> bool:
     verdict = verdicts(module).get(hook.name)
     if verdict is None or verdict.absent:
@@ -227,7 +293,8 @@ def _patch(module: ModuleType) -> list[str]:
     patched = []
     _check_coverage(module)
     for hook in HOOKS:
-        if module.__name__ not in BOUND_IN[hook.name] or hook.name not in _guards:
+        if (module.__name__ not in BOUND_IN[hook.name] or hook.name not in _guards
+                or _settled.get(hook.name) is False):
             continue
         target = f"{module.__name__}.{hook.attr}"
         original = getattr(module, hook.attr, None)
@@ -248,14 +315,30 @@ def _patch(module: ModuleType) -> list[str]:
             logger.warning("dsv4spec: vLLM %s hook skipped at %s (vLLM %s): %s: %s", hook.name,
                            target, installed_vllm_version(), type(e).__name__, e)
             continue
-        setattr(module, hook.attr, _wrap(_guards[hook.name], original))
+        setattr(module, hook.attr, _wrap(_guards[hook.name], original, hook.name))
         patched.append(target)
     return patched
 
 
 def _patch_on_import(module: ModuleType) -> None:
+    """:func:`_patch` on a DeepSeek-V4 module vLLM has just executed: one INFO line naming what
+    was patched, one WARNING where the module binds none of the names the hooks replace there
+    (vLLM moved or renamed them: its own functions serve every call of that module)."""
     try:
-        _patch(module)
+        patched = _patch(module)
+        expected = [hook.attr for hook in HOOKS
+                    if hook.name in _guards and module.__name__ in BOUND_IN[hook.name]]
+        found = [attr for attr in expected if hasattr(module, attr)]
+        if patched:
+            logger.info("dsv4spec: vLLM %s patched on import: %s", module.__name__,
+                        ", ".join(target.rsplit(".", 1)[1] for target in patched))
+        elif not found:
+            logger.warning("dsv4spec: vLLM %s was imported but binds none of the names dsv4spec "
+                           "hooks there (%s): vLLM's own functions serve all of its calls",
+                           module.__name__, ", ".join(expected))
+        else:
+            logger.info("dsv4spec: vLLM %s imported, nothing patched (%s stepped aside)",
+                        module.__name__, ", ".join(found))
     except Exception as e:  # noqa: BLE001 - never let a plugin break vLLM's import
         logger.warning("dsv4spec: could not hook %s (%s: %s); vLLM's kernels serve it",
                        module.__name__, type(e).__name__, e, exc_info=True)
