@@ -96,8 +96,9 @@ def test_triton_38_layout_with_scratch_or_other_arity_uses_the_launchers_call(cu
         compiled = FakeCompiled(kernel.log)
         compiled.run = Launcher(kernel.log)
         setattr(compiled.run, attr, value)
-        cache = LaunchCache(type("K", (), {"arg_names": FakeKernel.arg_names,
-                                           "__getitem__": lambda self, g: lambda *a, **k: compiled})())
+        returns_compiled = {"arg_names": FakeKernel.arg_names,
+                            "__getitem__": lambda self, g: lambda *a, **k: compiled}
+        cache = LaunchCache(type("K", (), returns_compiled)())
         cache.launch("k", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, num_warps=1)
         cache.get("k")(5, 6)
         assert kernel.log == []  # never the C launcher directly

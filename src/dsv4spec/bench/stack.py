@@ -24,6 +24,7 @@ import torch
 import triton
 
 from dsv4spec.bench import common
+from dsv4spec.integrations import tables
 from dsv4spec.kernels import launch
 
 WIDTHS = (4096, 7168)
@@ -187,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         (Path(args.out) / f"{name}.md").write_text(text)
         print(text)
         return 0
-    stack = ".".join(triton.__version__.split(".")[:2])
+    stack = tables.stack_of(triton.__version__)
     name = args.name or f"stack_triton{stack}"
     rows = []
     seed = 0

@@ -17,8 +17,8 @@ measured keys follow the file's rule (:mod:`dsv4spec.integrations.tables`).
 Writes ``<device>.triton<M.m>.json`` (the running Triton's stack: the plugins read a table only
 under the Triton it was measured with) into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or
 the user cache directory). Every point is saved as it is measured (``<file>.partial``): an
-interrupted run resumes there with its points kept. A file that already holds a hook being tuned is not
-replaced without ``--force`` (its other hooks are always kept). Needs a CUDA GPU and SGLang's
+interrupted run resumes there with its points kept. A file that already holds a hook being tuned
+is not replaced without ``--force`` (its other hooks are always kept). Needs a CUDA GPU and SGLang's
 source (an installed ``sglang`` or ``DSV4SPEC_SGLANG_ROOT``; the mHC hooks' peers also need
 TileLang).
 """

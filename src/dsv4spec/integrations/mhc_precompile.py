@@ -8,9 +8,10 @@ variant per kernel, constexpr set, compile options, pointer dtypes and specialis
 integer arguments (== 1, divisible by 16; the CUDA-core partials' and the finalize's ``T`` is
 exempt, the tensor-core partials' is not). The variants are enumerated per plan: the counts
 sharing a plan and ``T``'s specialisation share their variants, so one count of each is enough,
-and counts whose launches compile to variants already listed are dropped. :func:`launches` builds each launch as ``kernels/mhc.py``'s launchers do, on
-placeholder tensors (``tests/integrations/test_mhc_precompile.py`` compares them with the
-launchers' own launches at every plan).
+and counts whose launches compile to variants already listed are dropped. :func:`launches`
+builds each launch as ``kernels/mhc.py``'s launchers do, on placeholder tensors
+(``tests/integrations/test_mhc_precompile.py`` compares them with the launchers' own launches at
+every plan).
 """
 
 from __future__ import annotations

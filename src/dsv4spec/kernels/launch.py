@@ -15,7 +15,7 @@ generated kernels the same way). The key must capture everything Triton speciali
 everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``,
 ``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
 Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler,
-a Triton release outside :data:`DIRECT_LAUNCH_TRITON_VERSIONS`) every call goes through
+a Triton release outside :data:`DIRECT_LAUNCH_LAYOUTS`) every call goes through
 ``kernel[grid](...)``. Hooks are checked when a key is first launched:
 install a profiler's hooks before the first call of a shape, or launch inside
 ``LaunchCache.disabled()``.
@@ -40,7 +40,6 @@ from dsv4spec.kernels import interpreter_enabled
 # to the argument layout its GPU tests ran with (bit-equal to ``kernel[grid](...)``); any other
 # release launches through Triton's public ``kernel[grid](...)`` (correct, more host time a call).
 DIRECT_LAUNCH_LAYOUTS = {"3.6.0": "per_signature", "3.8.0": "generic"}
-DIRECT_LAUNCH_TRITON_VERSIONS = tuple(DIRECT_LAUNCH_LAYOUTS)
 
 
 def _release(version: str) -> str:

@@ -12,11 +12,11 @@ from dsv4spec.integrations.vllm import mhc as mhc_hooks
 from dsv4spec.integrations.vllm import plugin, register
 
 from .conftest import NAMES
-from .test_hooks import _op_in_this_version  # noqa: F401 - autouse: REUSE on 0.34.0 only
 from .test_hooks import (
     CALLERS,
     REUSE,
     TABLE,
+    _op_in_this_version,  # noqa: F401 - autouse: REUSE on 0.34.0 only
     assert_like,
     call_args,
     hooked,

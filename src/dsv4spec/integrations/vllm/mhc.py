@@ -292,27 +292,15 @@ def fast_mhc_fused_post_pre(
         return rejected("mhc_fused_post_pre", e)
 
 
-def fast_mhc_fused_post_pre_reuse_residual(
-    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
-    comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
-    sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1,
-    norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
-) -> Any:
-    """Fast path for vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual``, the boundary
-    ``DeepseekV4DecoderLayer.forward`` runs when ``DeepseekV4Model.forward`` hands each layer
-    its residual (``reuse_residual=True``): the same arguments and results as
-    ``mhc_fused_post_pre_tilelang``, except that vLLM's may overwrite ``residual`` (its unfused
-    path, above 32 tokens, writes the new residual into ``residual``'s storage and returns it).
-
-    A new residual satisfies that contract (the caller drops the old one), so this is
-    :func:`fast_mhc_fused_post_pre` exactly: ``residual`` is read, never written, and the
-    returned ``residual_cur`` is a new tensor. Both run the same kernels, so the same tables
-    decide (vLLM's boundary kernels are those of ``mhc_fused_post_pre_tilelang``:
-    ``tilelang_kernels.py`` is byte-identical in 0.33.0 and 0.34.0, and 0.34.0's two functions
-    are one ``_mhc_fused_post_pre_tilelang_impl`` differing only in where the unfused path
-    writes)."""
-    return fast_mhc_fused_post_pre(
-        x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
-        hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, n_splits, tile_n, norm_weight,
-        norm_eps)
+# vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual``, the boundary
+# ``DeepseekV4DecoderLayer.forward`` runs when ``DeepseekV4Model.forward`` hands each layer its
+# residual (``reuse_residual=True``), takes the same arguments and returns the same results as
+# ``mhc_fused_post_pre_tilelang``, except that vLLM's may overwrite ``residual`` (its unfused
+# path, above 32 tokens, writes the new residual into ``residual``'s storage and returns it). A
+# new residual satisfies that contract (the caller drops the old one), so the fast path is
+# :func:`fast_mhc_fused_post_pre` itself: ``residual`` is read, never written, and the returned
+# ``residual_cur`` is a new tensor. Both run the same kernels, so the same tables decide (vLLM's
+# boundary kernels are those of ``mhc_fused_post_pre_tilelang``: ``tilelang_kernels.py`` is
+# byte-identical in 0.33.0 and 0.34.0, and 0.34.0's two functions are one
+# ``_mhc_fused_post_pre_tilelang_impl`` differing only in where the unfused path writes).
+fast_mhc_fused_post_pre_reuse_residual = fast_mhc_fused_post_pre
