@@ -43,7 +43,7 @@ def test_bisection_refines_only_where_the_winner_changes():
 
 def test_the_grid_spans_what_a_deployment_reaches():
     g = tune.GRIDS
-    assert set(g) == {*mhc.TABLES, *metadata.TABLES, "target_hc_head"}
+    assert set(g) == {*mhc.TABLES, *metadata.TABLES, "target_hc_head", "dspark_hc_head"}
     shipped = tables.read_file(tables.PACKAGED_DIR / "NVIDIA_H200.json")["sglang"]
     for hook, grid in g.items():  # tune writes the keys, rules and caps the packaged file has
         entry = shipped[hook]

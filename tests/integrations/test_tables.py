@@ -21,7 +21,7 @@ SM90, SM100 = (9, 0), (10, 0)
 # smaller measured key where keys are widths, never beyond the largest), ours is served at a count
 # when the nearest measured count at or below it was won by ours in that mode, the largest
 # measured count covering only itself; counts above a cap and other architectures get SGLang's.
-HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head",
+HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head", "dspark_hc_head",
          "build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
          "init_compression_metadata", "expand_extend_with_same_length")
 KEYS = (1, 2, 3, 4, 5, 8, 9, 40, 64, 65, 127, 128, 511, 512, 2048, 4095, 4096, 4097, 5120,

@@ -122,6 +122,9 @@ GRIDS: dict[str, Grid] = {g.hook: g for g in (
     _mhc("mhc_fused_post_pre", (1, 2, 4, 8, 16, 32), 32),
     Grid("target_hc_head", "hc_head", "hidden_size", "num_tokens", "exact", HIDDEN,
          (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64), seconds=0.7),
+    # DSpark's draft hc_head (SGLang's hc_head_torch) over bs * N rows, N = 7, bs 1-64
+    Grid("dspark_hc_head", "hc_head_torch", "hidden_size", "num_tokens", "exact", HIDDEN,
+         tuple(7 * bs for bs in (1, 2, 4, 8, 16, 32, 64)), (7168,), (7, 56), seconds=0.7),
     _metadata(PAGE_TABLE),
     _metadata(COMPRESSED),
     _metadata(COMPRESSION),
@@ -139,7 +142,8 @@ ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
 # after 20 s of loading: benchmarks/results/logs/tune_rerun.log)
-COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "metadata": 1.0, "expand": 0.5, "vllm": 3.0}
+COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "hc_head_torch": 1.0, "metadata": 1.0,
+                   "expand": 0.5, "vllm": 3.0}
 START_SECONDS = 20.0
 
 
@@ -309,6 +313,10 @@ class Measure:
             from dsv4spec.integrations.sglang.source import load_sglang_module
 
             value = load_sglang_module("kernels/ops/layernorm/mhc_head.py")
+        elif group == "hc_head_torch":
+            from dsv4spec.bench.dspark import load_sglang_hc_head_torch
+
+            value = load_sglang_hc_head_torch()
         elif group == "metadata":
             from dsv4spec.bench import metadata
 
@@ -366,6 +374,15 @@ class Measure:
             fns[name] = fn
         self._sync()
         return _graph_and_eager(fns, g.modes, quick)
+
+    def _hc_head_torch(self, g: Grid, H: int, T: int, quick: bool) -> dict:
+        from dsv4spec.bench import dspark
+
+        fns = dspark.providers(self._peer("hc_head_torch"), H, T, ("dsv4spec", "sglang"),
+                               device=self.device)
+        self._sync()
+        return _graph_and_eager({"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes,
+                                quick)
 
     def _metadata(self, g: Grid, width: int, rows: int, quick: bool) -> dict:
         from dsv4spec.bench import metadata
@@ -640,6 +657,8 @@ def main(args: argparse.Namespace) -> int:
         engine[hook] = entry_from_points(grids[hook], {
             int(k): {int(c): r for c, r in by_count.items()}
             for k, by_count in state["points"][slot[hook]].items()})
+        if args.engine == "vllm":  # the release whose kernels were measured
+            engine[hook]["engine_versions"] = [versions["vllm"]]
     tables.validate(data)
     _write_json(path, data)
     for hook in hooks:  # the partial keeps only points of hooks this run did not write

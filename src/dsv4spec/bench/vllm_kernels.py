@@ -1,5 +1,5 @@
-"""vLLM 0.33.0's own mHC and hc_head kernels (``vllm/model_executor/kernels/mhc/tilelang.py`` and
-``tilelang_kernels.py``), loaded by path from vLLM's source.
+"""vLLM's own mHC and hc_head kernels (``vllm/model_executor/kernels/mhc/tilelang.py`` and
+``tilelang_kernels.py`` of 0.33.0 or 0.34.0, whichever source is found), loaded by path.
 
 ``import vllm`` needs CUDA libraries and vLLM's torch; the two files need only a few vLLM
 helpers, so this module executes vLLM's own files for most of them (``utils/math_utils.py``,
@@ -155,7 +155,9 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
     -------
     types.SimpleNamespace
         ``mhc_pre``, ``mhc_post``, ``mhc_fused_post_pre``, ``mhc_pre_broadcast``, ``hc_head``
-        (vLLM's functions, signatures in the module docstring), ``module`` (the executed
+        (vLLM's functions, signatures in the module docstring),
+        ``mhc_fused_post_pre_reuse_residual`` (0.34.0's, the boundary's signature; None where
+        the version has none), ``module`` (the executed
         ``tilelang.py``, registered as ``vllm.model_executor.kernels.mhc.tilelang``), ``kernels``
         and ``version``.
 
@@ -177,6 +179,9 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
     return SimpleNamespace(
         mhc_pre=module.mhc_pre_tilelang, mhc_post=module.mhc_post_tilelang,
         mhc_fused_post_pre=module.mhc_fused_post_pre_tilelang,
+        # 0.34.0's target boundary (may overwrite ``residual``); None on 0.33.0
+        mhc_fused_post_pre_reuse_residual=getattr(
+            module, "mhc_fused_post_pre_tilelang_reuse_residual", None),
         mhc_pre_broadcast=module.mhc_pre_broadcast_tilelang,
         hc_head=module.hc_head_fused_kernel_tilelang, module=module,
         kernels=sys.modules[KERNELS_MOD], version=vllm_version())
@@ -188,7 +193,7 @@ def vllm_mhc_peer() -> SimpleNamespace | None:
         with contextlib.redirect_stdout(sys.stderr):
             return load_vllm_mhc_kernels()
     except (FileNotFoundError, ImportError) as err:
-        print(f"vllm peer: skipped, vLLM 0.33.0's mHC kernels could not be loaded ({err}); run "
+        print(f"vllm peer: skipped, vLLM's mHC kernels could not be loaded ({err}); run "
               f"`make setup` (unpacks vLLM's source into .vllm-src/) or set {SRC_ENV}, and "
               "install TileLang 0.1.12")
         return None

@@ -1,27 +1,37 @@
-"""``dsv4spec bench vllm``: per call the vLLM plugin hooks, vLLM 0.33.0's TileLang function vs
-the same call through dsv4spec's hook, in a CUDA graph and eagerly, and the per-step sums for
-DSV4-Pro and DSV4-Flash with MTP.
+"""``dsv4spec bench vllm``: per call the vLLM plugin hooks, vLLM's TileLang function vs the same
+call through dsv4spec's hook, in a CUDA graph and eagerly, and the per-step sums for DSV4-Pro and
+DSV4-Flash with MTP and with DSpark, as the running vLLM source (0.33.0 or 0.34.0) calls them.
 
 Providers, for each hooked function (``hc_head_fused_kernel_tilelang``, ``mhc_pre_tilelang``,
-``mhc_post_tilelang``, ``mhc_fused_post_pre_tilelang``), width H and token count T: ``vllm``,
-vLLM's own function (its ``tilelang.py`` and TileLang kernels loaded by path from vLLM's source,
-DeepGEMM off: see ``dsv4spec.bench.vllm_kernels``); ``hook``, the plugin's guarded wrapper of it
-with dsv4spec's op forced on (every step-aside check paid, the measured tables ignored), i.e.
-what the plugin costs where it serves. Each call is made as DeepSeek-V4's modules make it
-(DSV4's epsilons, Sinkhorn 20, the fused RMSNorm weight); both providers' outputs are compared
-with dsv4spec's float64 reference before timing, and the hook's error may not exceed twice
-vLLM's (plus one rounding). "graph" is device time per call replayed from a CUDA graph (median,
-p20, p80); "eager" is host wall time per call of back-to-back calls, the two providers
-interleaved. ``served`` says which one the shipped tables give the call to.
+``mhc_post_tilelang``, ``mhc_fused_post_pre_tilelang`` and, on 0.34.0,
+``mhc_fused_post_pre_tilelang_reuse_residual``), width H and token count T: ``vllm``, vLLM's own
+function (its ``tilelang.py`` and TileLang kernels loaded by path from vLLM's source, DeepGEMM
+off: see ``dsv4spec.bench.vllm_kernels``); ``hook``, the plugin's guarded wrapper of it with
+dsv4spec's op forced on (every step-aside check paid, the measured tables ignored), i.e. what the
+plugin costs where it serves. Each call is made as DeepSeek-V4's modules make it (DSV4's
+epsilons, Sinkhorn 20, the fused RMSNorm weight); both providers' outputs are compared with
+dsv4spec's float64 reference before timing (vLLM's ``reuse_residual`` boundary on a copy of the
+residual it may overwrite), and the hook's error may not exceed twice vLLM's (plus one rounding).
+"graph" is device time per call replayed from a CUDA graph (median); "eager" is host wall time
+per call of back-to-back calls, the two providers interleaved. ``served`` says which one the
+shipped tables give the call to.
 
-Per step (from vLLM 0.33.0's source: ``nvidia/model.py``, ``nvidia/mtp.py`` and its EAGLE
-proposer ``v1/spec_decode/llm_base_proposer.py``), for ``bs`` requests and ``k`` draft tokens:
-the verify forward runs over ``T = bs (k + 1)`` tokens and calls the boundary ``2 L - 1`` times
-(every sublayer but the first layer's attention, whose mhc_pre is the unhooked broadcast one),
-mhc_post once and hc_head once; the first draft pass runs over the same ``T`` tokens (mhc_pre,
-one boundary, mhc_post) and hc_head over ``bs`` rows; each of the other ``k - 1`` draft passes
-runs all four over ``bs`` tokens. The sums add graph times, each call timed at its own size,
-with vLLM's kernels and with the plugin as served (ours where the tables say so).
+Per step, for ``bs`` requests (from vLLM's source: ``nvidia/model.py``, ``nvidia/mtp.py``,
+``nvidia/dspark.py``). The target's verify forward runs over ``T_v`` tokens and calls the
+boundary ``2 L - 1`` times (every sublayer but the first layer's attention, whose mhc_pre is the
+unhooked broadcast one; on 0.34.0 through ``..._reuse_residual``, since ``DeepseekV4Model``
+passes ``reuse_residual=True``), then mhc_post and hc_head once each.
+
+- MTP with ``k`` drafts: ``T_v = bs (k + 1)``; the first draft pass runs over the same ``T_v``
+  tokens (mhc_pre, one boundary, mhc_post) and hc_head over ``bs`` rows; each of the other
+  ``k - 1`` draft passes runs all four over ``bs`` tokens.
+- DSpark with block size ``N`` (``k = N`` drafts): ``T_v = bs (N + 1)``; one non-causal draft
+  forward over ``bs N`` rows through its 3 ``DeepseekV4DecoderLayer`` stages (the first
+  layer's mhc_pre, then ``2 * 3 - 1`` boundaries without ``reuse_residual``), mhc_post and
+  hc_head once each.
+
+The sums add graph times, each call timed at its own size, with vLLM's kernels and with the
+plugin as served (ours where the tables say so).
 """
 
 from __future__ import annotations
@@ -47,23 +57,33 @@ from dsv4spec.ops import (
 from dsv4spec.timing import time_eager_side_by_side, time_in_graph
 
 OPS = ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")
+REUSE = "mhc_fused_post_pre_reuse_residual"  # 0.34.0's target boundary
 EPS, ITERS = 1e-6, 20
 WIDTHS = (4096, 7168)
-TOKENS = (1, 2, 4, 8, 16, 32, 64, 256)
+BATCHES = (1, 8, 32)
+MTP_DRAFTS = (1, 3)
+DSPARK_BLOCK = 7  # dspark_block_size of the current vLLM DSV4 recipes
+DSPARK_STAGES = 3
 QUICK_TOKENS = (1, 4, 64)
 MODELS = {"DSV4-Flash": "flash-shape", "DSV4-Pro": "pro-shape"}
 COLUMNS = ["op", "H", "T", "vllm_graph_us", "hook_graph_us", "vllm_eager_us", "hook_eager_us",
            "graph_speedup", "eager_speedup", "served", "vllm_err", "hook_err"]
-STEP_COLUMNS = ["model", "bs", "k", "verify_T", "vllm_step_us", "plugin_step_us", "saved_us"]
+STEP_COLUMNS = ["model", "boundary", "drafter", "bs", "k", "verify_T", "vllm_step_us",
+                "plugin_step_us", "saved_us"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
-                        help="token counts T")
+    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+                        help="token counts T (default: every count the per-step sums of "
+                             "--batch need)")
     parser.add_argument("--hidden", type=int, nargs="+", default=list(WIDTHS),
                         help="hidden sizes H")
-    parser.add_argument("--drafts", type=int, nargs="+", default=[1, 3],
+    parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES),
+                        help="requests per step bs for the per-step sums")
+    parser.add_argument("--drafts", type=int, nargs="+", default=list(MTP_DRAFTS),
                         help="MTP draft tokens k per step for the per-step sums")
+    parser.add_argument("--dspark-block", type=int, default=DSPARK_BLOCK,
+                        help="DSpark's block size N (draft rows per request; 0: no DSpark sums)")
 
 
 def make_inputs(T: int, H: int, seed: int) -> dict[str, torch.Tensor]:
@@ -92,7 +112,7 @@ def call(fn, op: str, t: dict):
     norm = {"norm_weight": t["norm_weight"], "norm_eps": EPS}
     if op == "mhc_pre":
         return fn(t["residual"], *pre, **norm)
-    if op == "mhc_fused_post_pre":
+    if op in ("mhc_fused_post_pre", REUSE):
         return fn(t["x"], t["residual"], t["post"], t["comb"], *pre, n_splits=1, tile_n=1, **norm)
     if op == "mhc_post":
         return fn(t["x"], t["residual"], t["post"], t["comb"])
@@ -105,7 +125,7 @@ def reference(op: str, t: dict) -> tuple:
     pre = (t["fn"], t["hc_scale"], t["hc_base"])
     if op == "mhc_pre":
         return mhc_pre_reference(t["residual"], *pre, **kw)
-    if op == "mhc_fused_post_pre":
+    if op in ("mhc_fused_post_pre", REUSE):
         return mhc_post_pre_reference(t["x"], t["residual"], t["post"][..., 0], t["comb"], *pre,
                                       **kw)
     if op == "mhc_post":
@@ -150,11 +170,15 @@ def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
     hook = hooked(lambda *a, **k: stepped_aside.append(1) or vllm_fn(*a, **k), op)
     t = make_inputs(T, H, seed)
     ref = reference(op, t)
+    # vLLM's reuse_residual boundary may write the new residual into its input: check each
+    # provider on its own copy (the timed calls then reuse one residual, as replays do)
+    fresh = lambda: {**t, "residual": t["residual"].clone()}  # noqa: E731
     with ours_forced():
-        call(hook, op, t)  # first sight: compiles ours, eagerly
+        call(hook, op, fresh())  # first sight: compiles ours, eagerly
         if stepped_aside:
             raise RuntimeError(f"{op} H={H} T={T}: the hook stepped aside (vLLM's ran)")
-        vllm_err, hook_err = max_error(call(vllm_fn, op, t), ref), max_error(call(hook, op, t), ref)
+        vllm_err = max_error(call(vllm_fn, op, fresh()), ref)
+        hook_err = max_error(call(hook, op, fresh()), ref)
         if not hook.guard.enabled:
             raise RuntimeError(f"{op} H={H} T={T}: the hook failed ({hook.guard.failure})")
         floor = 2.0 ** -7 * max(r.double().abs().max().item() for r in ref)
@@ -166,7 +190,8 @@ def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
         eager = time_eager_side_by_side({"vllm": lambda: call(vllm_fn, op, t),
                                          "hook": lambda: call(hook, op, t)})
     index = torch.cuda.current_device()
-    served = "ours" if prefers_dsv4spec(op, T, H, True, torch.cuda.get_device_capability(index),
+    table_op = "mhc_fused_post_pre" if op == REUSE else op  # the plugin's _TABLE_OF
+    served = "ours" if prefers_dsv4spec(table_op, T, H, True, torch.cuda.get_device_capability(index),
                                         mhc_hooks.vllm_deep_gemm()) else "vllm"
     return {"op": op, "H": H, "T": T, "vllm_graph_us": graph["vllm"],
             "hook_graph_us": graph["hook"], "vllm_eager_us": eager["vllm"]["median_us"],
@@ -176,37 +201,65 @@ def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
             "served": served, "vllm_err": vllm_err, "hook_err": hook_err}
 
 
-def step_calls(layers: int, bs: int, k: int) -> list[tuple[str, int, int]]:
-    """(op, T, calls) of one MTP speculative step in vLLM 0.33.0 (see the module docstring)."""
+def step_calls(layers: int, bs: int, k: int, drafter: str = "mtp",
+               boundary: str = "mhc_fused_post_pre") -> list[tuple[str, int, int]]:
+    """(op, T, calls) of one speculative step (see the module docstring): ``drafter`` "mtp"
+    with ``k`` drafts or "dspark" with block size ``k``; ``boundary`` is the function the
+    target's layers call (0.34.0: :data:`REUSE`)."""
     T = bs * (k + 1)
-    calls = [("mhc_fused_post_pre", T, 2 * layers - 1), ("mhc_post", T, 1), ("hc_head", T, 1),
-             ("mhc_pre", T, 1), ("mhc_fused_post_pre", T, 1), ("mhc_post", T, 1),
-             ("hc_head", bs, 1)]
+    calls = [(boundary, T, 2 * layers - 1), ("mhc_post", T, 1), ("hc_head", T, 1)]
+    if drafter == "dspark":
+        rows = bs * k
+        return calls + [("mhc_pre", rows, 1), ("mhc_fused_post_pre", rows, 2 * DSPARK_STAGES - 1),
+                        ("mhc_post", rows, 1), ("hc_head", rows, 1)]
+    calls += [("mhc_pre", T, 1), ("mhc_fused_post_pre", T, 1), ("mhc_post", T, 1),
+              ("hc_head", bs, 1)]
     for _ in range(k - 1):
         calls += [("mhc_pre", bs, 1), ("mhc_fused_post_pre", bs, 1), ("mhc_post", bs, 1),
                   ("hc_head", bs, 1)]
     return calls
 
 
-def step_rows(rows: list[dict], drafts: list[int]) -> list[dict]:
+def step_plans(layers: int, batches, drafts, dspark_block: int,
+               boundary: str) -> list[tuple[str, int, int, list]]:
+    """(drafter, bs, k, calls) of every per-step sum asked for."""
+    plans = [("mtp", bs, k, step_calls(layers, bs, k, "mtp", boundary))
+             for k in drafts for bs in batches]
+    if dspark_block:
+        plans += [("dspark", bs, dspark_block,
+                   step_calls(layers, bs, dspark_block, "dspark", boundary)) for bs in batches]
+    return plans
+
+
+def needed_tokens(args: argparse.Namespace, boundary: str) -> dict[str, set[int]]:
+    """Per op, the token counts the per-step sums of ``args`` call it at."""
+    need: dict[str, set[int]] = {}
+    layers = max(preset(name).num_hidden_layers for name in MODELS.values())
+    for _, _, _, calls in step_plans(layers, args.batch, args.drafts, args.dspark_block,
+                                     boundary):
+        for op, T, _ in calls:
+            need.setdefault(op, set()).add(T)
+    return need
+
+
+def step_rows(rows: list[dict], batches, drafts, dspark_block: int, boundary: str) -> list[dict]:
     by = {(r["op"], r["H"], r["T"]): r for r in rows}
     out = []
     for model, name in MODELS.items():
         cfg = preset(name)
         H, layers = cfg.hidden_size, cfg.num_hidden_layers
-        tokens = sorted({r["T"] for r in rows if r["H"] == H})
-        for k in drafts:
-            for bs in tokens:
-                calls = step_calls(layers, bs, k)
-                if any((op, H, T) not in by for op, T, _ in calls):
-                    continue
-                vllm = sum(n * by[(op, H, T)]["vllm_graph_us"] for op, T, n in calls)
-                plugin = sum(n * by[(op, H, T)]["hook_graph_us" if by[(op, H, T)]["served"]
-                                                == "ours" else "vllm_graph_us"]
-                             for op, T, n in calls)
-                out.append({"model": model, "bs": bs, "k": k, "verify_T": bs * (k + 1),
-                            "vllm_step_us": vllm, "plugin_step_us": plugin,
-                            "saved_us": vllm - plugin})
+        for drafter, bs, k, calls in step_plans(layers, batches, drafts, dspark_block,
+                                                boundary):
+            if any((op, H, T) not in by for op, T, _ in calls):
+                continue
+            vllm = sum(n * by[(op, H, T)]["vllm_graph_us"] for op, T, n in calls)
+            plugin = sum(n * by[(op, H, T)]["hook_graph_us" if by[(op, H, T)]["served"]
+                                            == "ours" else "vllm_graph_us"]
+                         for op, T, n in calls)
+            out.append({"model": model, "boundary": boundary, "drafter": drafter, "bs": bs,
+                        "k": k,
+                        "verify_T": bs * (k + 1), "vllm_step_us": vllm,
+                        "plugin_step_us": plugin, "saved_us": vllm - plugin})
     return out
 
 
@@ -214,10 +267,21 @@ def main(args: argparse.Namespace) -> int:
     peer = vllm_mhc_peer()
     if peer is None:
         return 1
-    tokens = list(QUICK_TOKENS) if args.quick else args.tokens
+    # 0.34.0's target calls the reuse_residual boundary, 0.33.0's the plain one; with 0.34.0's
+    # source both are measured (the same kernels), so the sums are given for both call patterns
+    boundaries = (OPS[-1],) + ((REUSE,) if peer.mhc_fused_post_pre_reuse_residual else ())
+    ops = OPS + boundaries[1:]
+    need: dict[str, set[int]] = {}
+    for boundary in boundaries:
+        for op, counts in needed_tokens(args, boundary).items():
+            need.setdefault(op, set()).update(counts)
     rows, failures = [], []
     for H in args.hidden:
-        for op in OPS:
+        for op in ops:
+            if args.quick or args.tokens:
+                tokens = list(QUICK_TOKENS) if args.quick else args.tokens
+            else:
+                tokens = sorted(need.get(op, ()))
             for T in tokens:
                 try:
                     rows.append(measure(peer, op, H, T, seed=T + H))
@@ -226,7 +290,8 @@ def main(args: argparse.Namespace) -> int:
                     print(f"FAILED {e}")
                     continue
                 common.print_table(rows[-1:], COLUMNS)
-    steps = step_rows(rows, args.drafts)
+    steps = [r for boundary in boundaries[::-1]
+             for r in step_rows(rows, args.batch, args.drafts, args.dspark_block, boundary)]
     common.print_table(rows, COLUMNS)
     if steps:
         common.print_table(steps, STEP_COLUMNS)

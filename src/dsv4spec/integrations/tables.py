@@ -66,7 +66,7 @@ BETWEEN_KEYS = ("exact", "nearer_smaller")
 ENGINES = ("sglang", "vllm")
 _REQUIRED = ("format", "device", "architecture", "measured", "engines")
 _HOOK_FIELDS = {"key", "between_keys", "count", "max_count", "graph", "eager", "points",
-                "source", "note"}
+                "source", "note", "engine_versions"}
 
 
 def user_dir() -> Path:
@@ -169,6 +169,13 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
         out[mode] = dict(sorted(parsed.items()))
     if "points" in entry:
         out["points"] = entry["points"]
+    # the engine releases the rows hold for: measured on, or sharing the measured kernels
+    versions = entry.get("engine_versions")
+    if versions is not None:
+        if not (isinstance(versions, list) and versions
+                and all(isinstance(v, str) and v for v in versions)):
+            raise ValueError(f"{what}.engine_versions: expected a list of version strings")
+        out["engine_versions"] = tuple(versions)
     return out
 
 

@@ -32,6 +32,14 @@ LOGGER = "dsv4spec.integrations.sglang"
 N = 7  # dspark_block_size of the current DSV4 recipes
 
 
+@pytest.fixture(autouse=True)
+def measured_faster_everywhere(request, monkeypatch):
+    """The CPU tests run ours wherever the hook may (the interpreter stands in for sm_90, whose
+    tables hold no row at the tests' widths); the GPU test reads the real tables."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(hooks, "dspark_prefers_dsv4spec", lambda T, H, in_graph, arch: True)
+
+
 def dspark_model(sgl, params, **kwargs):
     hc_fn, hc_scale, hc_base = params
     return sgl.dspark.DeepseekV4ForCausalLMDSpark(NORM_EPS, HC_EPS, hc_fn, hc_scale, hc_base,
@@ -150,15 +158,15 @@ def test_inputs_the_op_rejects_run_sglang_with_one_warning(sgl, caplog, launches
 
 
 @pytest.mark.parametrize("reason", ["empty", "hc_mult=2", "torch.compile", "deterministic",
-                                    "unmeasured architecture", "beyond the precompiled range"])
+                                    "not measured faster", "beyond the precompiled range"])
 def test_uncovered_calls_run_sglang(sgl, monkeypatch, launches, reason):
     T, hc = (0 if reason == "empty" else N), (2 if reason == "hc_mult=2" else 4)
     if reason == "torch.compile":
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     elif reason == "deterministic":
         monkeypatch.setattr(hooks, "_deterministic", True)
-    elif reason == "unmeasured architecture":
-        monkeypatch.setattr(hooks, "DRAFT_HC_HEAD_MEASURED", ((10, 0),))
+    elif reason == "not measured faster":
+        monkeypatch.setattr(hooks, "dspark_prefers_dsv4spec", lambda T, H, in_graph, arch: False)
     elif reason == "beyond the precompiled range":
         monkeypatch.setattr(hooks, "PRECOMPILE_MAX_TOKENS", N - 1)
     sgl.install()
@@ -168,6 +176,26 @@ def test_uncovered_calls_run_sglang(sgl, monkeypatch, launches, reason):
     y = model.collapse_hc_head(x)
     assert sgl.originals[DSPARK].calls == 1 and launches == []
     assert torch.equal(y, sglang_collapse(sgl, model, x))
+
+
+def test_dspark_hook_asks_the_tables_with_its_size_mode_and_architecture(sgl, monkeypatch,
+                                                                         launches):
+    asked = []
+    monkeypatch.setattr(hooks, "dspark_prefers_dsv4spec",
+                        lambda T, H, in_graph, arch: asked.append((T, H, in_graph, arch)) or
+                        T != 2 * N)
+    sgl.install()
+    _, *params = make_inputs(1, 40, torch.bfloat16)
+    model = dspark_model(sgl, params)
+    for bs in (1, 2):
+        x = make_inputs(bs * N, 40, torch.bfloat16, seed=bs)[0]
+        launches.clear()
+        y = model.collapse_hc_head(x)
+        assert (launches == []) == (bs == 2), f"bs={bs}"
+        assert_matches(y, sglang_collapse(sgl, model, x), f"bs={bs}")
+    arch = hooks.INTERPRETER_ARCHITECTURE
+    assert asked == [(N, 40, False, arch), (2 * N, 40, False, arch)]
+    assert sgl.originals[DSPARK].calls == 1
 
 
 class OnCuda0(torch.Tensor):

@@ -1,4 +1,5 @@
-"""``bench vllm``'s per-step call counts (from vLLM 0.33.0's source) and sums, on CPU."""
+"""``bench vllm``'s per-step call counts (from vLLM 0.33.0's and 0.34.0's source) and sums, on
+CPU."""
 
 import ast
 
@@ -6,10 +7,6 @@ import pytest
 
 from dsv4spec.bench import vllm_plugin
 from dsv4spec.integrations.vllm.source import vllm_file, vllm_src
-
-# The bench models vLLM 0.33.0's step (its V1 proposer is gone in 0.34.0).
-pytestmark = pytest.mark.vllm_versions("0.33.0")
-
 
 def test_step_calls_count_each_call_of_one_mtp_step():
     calls = vllm_plugin.step_calls(layers=61, bs=4, k=3)
@@ -31,14 +28,56 @@ def _row(op, H, T, vllm, hook, served):
 def test_step_rows_sum_served_times():
     rows = [_row(op, 4096, T, 10.0, 4.0, "ours" if op != "mhc_post" else "vllm")
             for op in vllm_plugin.OPS for T in (1, 2)]
-    (step,) = vllm_plugin.step_rows(rows, drafts=[1])
+    (step,) = vllm_plugin.step_rows(rows, batches=[1], drafts=[1], dspark_block=0,
+                                    boundary="mhc_fused_post_pre")
     layers = 43  # DSV4-Flash
     calls = 2 * layers - 1 + 1 + 2 + 2 + 1  # boundaries, mhc_post x2, hc_head x2, mhc_pre x1
-    assert step["model"] == "DSV4-Flash" and (step["bs"], step["k"], step["verify_T"]) == (1, 1, 2)
+    assert step["model"] == "DSV4-Flash" and step["drafter"] == "mtp" and (step["bs"], step["k"], step["verify_T"]) == (1, 1, 2)
     assert step["vllm_step_us"] == pytest.approx(10.0 * calls)
     assert step["plugin_step_us"] == pytest.approx(4.0 * (calls - 2) + 10.0 * 2)
 
 
+def test_step_calls_of_one_dspark_step_on_0_34():
+    """Verify over bs (N + 1) tokens through 0.34.0's reuse_residual boundary; one draft forward
+    over bs N rows through DSpark's 3 stages (first mhc_pre, 5 plain boundaries)."""
+    calls = vllm_plugin.step_calls(layers=61, bs=8, k=7, drafter="dspark",
+                                   boundary=vllm_plugin.REUSE)
+    assert sorted(calls) == sorted([
+        (vllm_plugin.REUSE, 64, 121), ("mhc_post", 64, 1), ("hc_head", 64, 1),
+        ("mhc_pre", 56, 1), ("mhc_fused_post_pre", 56, 5), ("mhc_post", 56, 1),
+        ("hc_head", 56, 1)])
+
+
+def test_needed_tokens_cover_every_step_sum():
+    rows = []
+    for boundary in ("mhc_fused_post_pre", vllm_plugin.REUSE):
+        args = type("A", (), {"batch": [1, 8], "drafts": [1, 3], "dspark_block": 7})()
+        need = vllm_plugin.needed_tokens(args, boundary)
+        rows = [_row(op, H, T, 2.0, 1.0, "ours") for op, counts in need.items()
+                for T in counts for H in (4096, 7168)]
+        steps = vllm_plugin.step_rows(rows, [1, 8], [1, 3], 7, boundary)
+        # both models x (2 MTP draft counts + DSpark) x 2 batches, none skipped for a missing T
+        assert len(steps) == 2 * 3 * 2
+        assert {s["drafter"] for s in steps} == {"mtp", "dspark"}
+        assert all(s["saved_us"] == pytest.approx(s["vllm_step_us"] / 2) for s in steps)
+
+
+@pytest.mark.vllm_versions("0.34.0")
+@pytest.mark.skipif(vllm_src() is None, reason="vLLM's source is not unpacked")
+def test_0_34_target_layers_get_reuse_residual_and_dspark_stages_do_not():
+    """What the sums assume of 0.34.0: ``DeepseekV4Model.forward`` calls its layers with
+    ``reuse_residual=True``; DSpark's forward calls its (3 by default) layers without it."""
+    model = ast.parse(vllm_file("models/deepseek_v4/nvidia/model.py").read_text())
+    dspark = vllm_file("models/deepseek_v4/nvidia/dspark.py").read_text()
+    calls = [n for n in ast.walk(model) if isinstance(n, ast.Call)
+             and any(k.arg == "reuse_residual" for k in n.keywords)]
+    assert any(ast.unparse(k.value) == "True" for c in calls for k in c.keywords
+               if k.arg == "reuse_residual")
+    assert "reuse_residual" not in dspark
+    assert 'getattr(config, "n_mtp_layers", None) or 3' in dspark
+
+
+@pytest.mark.vllm_versions("0.33.0")
 @pytest.mark.skipif(vllm_src() is None, reason="vLLM's source is not unpacked")
 def test_the_draft_passes_after_the_first_run_over_the_batch():
     """vLLM's proposer runs its first draft pass over the verify tokens and samples one row per

@@ -3,7 +3,8 @@
 The MTP draft's (``DeepseekV4ModelNextN.hc_head``) is an eager ATen chain of ~15 kernels: ours
 replaces it on the GPU architectures it was measured on. DSpark's
 (``DeepseekV4ForCausalLMDSpark.collapse_hc_head``, SGLang's ``hc_head_torch``) is the same chain
-over the draft block's ``bs * N`` rows, and takes the same rule. The target's
+over the draft block's ``bs * N`` rows: ours replaces it where the measured tables say so (its
+own "dspark_hc_head" rows, per architecture, mode, width and row count). The target's
 (``DeepseekV4Model.hc_head``) is already SGLang's own fused Triton kernel (``fused_hc_head``): ours
 replaces it only where it measured faster, per architecture, mode and width.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,9 +59,12 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 # (other architectures and widths, T > 4096) keeps SGLang's path.
 TARGET_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "target_hc_head")
 # Architectures where the draft hook's kernel was measured against the draft's eager chain
-# (results/hc_head/hc_head_tensor_cores.md, provider "eager"). The DSpark hook replaces the same
-# chain (SGLang's hc_head_torch) and follows this gate; its shapes (T = bs * N) are not measured.
+# (results/hc_head/hc_head_tensor_cores.md, provider "eager").
 DRAFT_HC_HEAD_MEASURED: tuple[tuple[int, int], ...] = ((9, 0),)
+# Where dsv4spec's hc_head beat SGLang's own ``hc_head_torch`` (loaded from SGLang's source) at
+# DSpark's draft shapes, T = bs * N rows (``dsv4spec tune``'s "dspark_hc_head" points, N = 7,
+# bs 1-64), per architecture, mode and width; elsewhere DSpark's chain runs.
+DSPARK_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "dspark_hc_head")
 
 _warned: set[str] = set()
 _ready: dict[tuple, tuple[int, int] | None] = {}
@@ -89,6 +94,15 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
         :data:`TARGET_HC_HEAD_FASTER` for that architecture, mode and ``hidden_size``.
     """
     return measured_faster(TARGET_HC_HEAD_FASTER, architecture, hidden_size, num_tokens,
+                           in_graph)
+
+
+def dspark_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
+                            architecture: tuple[int, int] = INTERPRETER_ARCHITECTURE) -> bool:
+    """Whether DSpark's draft hc_head (``collapse_hc_head``) should run dsv4spec's kernel rather
+    than SGLang's ``hc_head_torch``: ``num_tokens`` lies in a measured winning range of
+    :data:`DSPARK_HC_HEAD_FASTER` for that architecture, mode and ``hidden_size``."""
+    return measured_faster(DSPARK_HC_HEAD_FASTER, architecture, hidden_size, num_tokens,
                            in_graph)
 
 
@@ -158,14 +172,24 @@ def _rejected(which: str, error: Exception) -> Any:
 def _eager_chain_replaced(
     which: str, x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
     hc_base: torch.Tensor, norm_eps: float, hc_eps: float,
+    prefers: Callable[[int, int, bool, tuple[int, int]], bool] | None = None,
 ) -> Any:
     """dsv4spec's fused hc_head in place of SGLang's unfused ATen chain (the MTP draft's
-    ``hc_head``, DSpark's ``hc_head_torch``), or :data:`STEP_ASIDE`."""
+    ``hc_head``, DSpark's ``hc_head_torch``), or :data:`STEP_ASIDE`. Without ``prefers`` the
+    architectures of :data:`DRAFT_HC_HEAD_MEASURED` run ours at every size; with it, where
+    ``prefers(T, H, in_graph, architecture)`` says so."""
     # torch.compile (SGLang's --enable-torch-compile) traces SGLang's own path: the fast path's
     # host-side decisions are not traceable.
     if (torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC
-            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS
-            or _prepared(x) not in DRAFT_HC_HEAD_MEASURED or sglang_deterministic()):
+            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS):
+        return STEP_ASIDE
+    architecture = _prepared(x)
+    if architecture is None or sglang_deterministic():
+        return STEP_ASIDE
+    if prefers is None:
+        if architecture not in DRAFT_HC_HEAD_MEASURED:
+            return STEP_ASIDE
+    elif not prefers(x.shape[0], x.shape[2], _capturing(x), architecture):
         return STEP_ASIDE
     try:
         return hc_head(x.contiguous(), hc_fn, hc_scale, hc_base,
@@ -194,16 +218,16 @@ def dspark_hc_head(self: Any, x: torch.Tensor) -> Any:
 
     ``x`` is the draft block's residual streams ``[bs * N, hc_mult, H]`` (N draft rows per
     request). DSV4.1's DSpark (``hc_pre_from_prev_sublayer``: ``forward`` has collapsed the
-    streams already) steps aside. Same gate as :func:`draft_hc_head`, whose measurement covers
-    the same unfused ATen chain (39.6 vs 4.2 us in a graph, 254 vs 38 us eager, H = 7168,
-    T = 4); DSpark's own shapes (T = bs * N, N = 7) have not been measured on a GPU yet. T is
-    capped at ``PRECOMPILE_MAX_TOKENS``, the range compiled before capture.
+    streams already) steps aside. Ours runs where :func:`dspark_prefers_dsv4spec` says so for
+    the call's size and mode (the measured tables), T capped at ``PRECOMPILE_MAX_TOKENS``, the
+    range compiled before capture.
     """
     if self.hc_pre_from_prev_sublayer:
         return STEP_ASIDE
     last = self.stages[-1]
     return _eager_chain_replaced("DSpark draft", x, last.hc_head_fn, last.hc_head_scale,
-                                 last.hc_head_base, self.norm_eps, self.hc_eps)
+                                 last.hc_head_base, self.norm_eps, self.hc_eps,
+                                 prefers=dspark_prefers_dsv4spec)
 
 
 def target_hc_head(
