@@ -8,7 +8,7 @@ Prints which unit imports which (a unit is a subpackage or a top-level module: `
 there is any. Layers import only downward::
 
     capture, timing, plot, usage -> kernels -> ops -> cache -> model -> engine -> integrations
-    -> demo, bench -> cli -> __main__
+    -> demo, bench -> doctor -> cli -> __main__
 
 Units of one layer do not import each other. The benchmarks are a leaf: they measure everything
 below them, the SGLang plugin included. Every ``import`` counts, at module level or inside a
@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"engine"},        # the MTP engine, generate, train-tiny
     {"integrations"},  # engine plugins: adapters over ops/ (and capture) for a serving engine
     {"demo", "bench"},  # leaves: the demo and the benchmarks
+    {"doctor"},        # the report of what the plugins would do: reuses bench stack's checks
     {"cli"},
     {"__main__"},      # `python -m dsv4spec`: the command
 ]

@@ -2,9 +2,9 @@
 
 The layer table and the import parser live in ``scripts/import_graph.py`` (one table; that script
 also prints the graph and line counts): ``capture, timing, plot, usage -> kernels -> ops -> cache
--> model -> engine -> integrations -> demo, bench -> cli -> __main__``. Every ``import`` in
-``src/dsv4spec`` (module level or inside a function) names a module of its own unit or of a lower
-layer; units of one layer do not import each other.
+-> model -> engine -> integrations -> demo, bench -> doctor -> cli -> __main__``. Every
+``import`` in ``src/dsv4spec`` (module level or inside a function) names a module of its own unit
+or of a lower layer; units of one layer do not import each other.
 """
 
 import importlib.util

@@ -17,7 +17,8 @@ from dsv4spec.usage import UsageError, env_switch
 # imported (all of a table's modules for --help).
 # command -> module
 COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
-            "train-tiny": "dsv4spec.engine.train_tiny", "tune": "dsv4spec.bench.tune"}
+            "train-tiny": "dsv4spec.engine.train_tiny", "tune": "dsv4spec.bench.tune",
+            "doctor": "dsv4spec.doctor"}
 # bench name -> module under dsv4spec.bench
 BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_cost",
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc", "mhc-sweep": "mhc_sweep",

@@ -2,22 +2,26 @@
 device time in a CUDA graph and its eager cost, to set one Triton release beside another.
 
 Ops: the mHC boundary (``mhc_post_pre``), ``mhc_pre`` and ``mhc_post`` (DSV4's fused RMSNorm of
-the layer input on), ``hc_head_rmsnorm`` and ``hc_head``, at H = 4096 and 7168, and the fused
-C128 rollback (31 fp32 states, half 512, ring 256, 4 drafts) at batch = T. Every output is
-checked first against a float64 formulation (the mHC ops' and hc_head's references evaluated in
-float64 on the same inputs; the rollback bit for bit against its reference); a miss fails the
-run before anything is timed. "graph" is device time per call from a CUDA graph of many calls
-(``do_bench_cudagraph``, median); "eager" is host wall time per call of back-to-back calls with
-one synchronize at the end, through the cached direct launch (``LaunchCache``) and through
-Triton's own ``kernel[grid](...)``; ``direct_launch`` says whether this Triton release has the
-direct path. One run writes ``<name>.json``/``.md``; ``--compare A.json B.json`` writes the two
-runs side by side (B / A per column).
+the layer input on), ``hc_head_rmsnorm`` and ``hc_head``, at H = 4096 and 7168; the fused C128
+rollback (31 fp32 states, half 512, ring 256, 4 drafts) at batch = T; the SGLang metadata
+builders (``page_table``, ``c128``, ``compression``: T verify requests of 4 rows, 4K live tokens
+of a 64K context; ``expand``: T requests, qo_len 4). Every output is checked first against a
+float64 formulation (the mHC ops' and hc_head's references evaluated in float64 on the same
+inputs; the rollback and the metadata bit for bit against their references, the metadata tables
+over the extent the consumers read); a miss fails the run before anything is timed. "graph" is
+device time per call from a CUDA graph of many calls (``do_bench_cudagraph``, median); "eager" is
+host wall time per call of back-to-back calls with one synchronize at the end, through the cached
+direct launch (``LaunchCache``) and through Triton's own ``kernel[grid](...)``;
+``direct_launch`` says whether this Triton release has the direct path. One run writes
+``<name>.json``/``.md``; ``--compare A.json B.json`` writes the two runs side by side (B / A per
+column).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,7 +33,17 @@ from dsv4spec.kernels import launch
 
 WIDTHS = (4096, 7168)
 TOKENS = (1, 4, 16, 32, 256)
-OPS = ("boundary", "mhc_pre", "mhc_post", "hc_head_rmsnorm", "hc_head", "rollback")
+OPS = ("boundary", "mhc_pre", "mhc_post", "hc_head_rmsnorm", "hc_head", "rollback",
+       "page_table", "c128", "compression", "expand")
+# The case of each op of dsv4spec.ops the plugins launch (the names their Gates give).
+OP_CASES = {"mhc_post_pre": "boundary", "mhc_pre": "mhc_pre", "mhc_post": "mhc_post",
+            "hc_head_rmsnorm": "hc_head_rmsnorm", "hc_head": "hc_head",
+            "C128DraftCleanup": "rollback", "build_page_table_positions": "page_table",
+            "init_compressed_attn_metadata": "c128",
+            "build_compression_metadata": "compression", "expand_same_length": "expand"}
+# Cases without a hidden size: T is their batch.
+WIDTHLESS = ("rollback", "page_table", "c128", "compression", "expand")
+METADATA_LIVE, METADATA_CAPACITY = 4096, 1 << 16
 EPS = {"rms_eps": 1e-6, "hc_eps": 1e-6}
 ITERS = 20
 COLUMNS = ["op", "H", "T", "graph_us", "eager_us", "eager_dispatcher_us", "max_rel_err"]
@@ -41,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS),
                         help="hidden sizes H")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
-                        help="token counts T (the rollback's batch)")
+                        help="token counts T (the batch of the rollback and the metadata cases)")
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS),
                         help="ops to check and time")
     parser.add_argument("--name", default=None, help="results file stem (default: "
@@ -53,10 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None, help="write two runs side by side instead of measuring")
 
 
-def _inputs(T: int, H: int, seed: int) -> dict[str, torch.Tensor]:
+def _inputs(T: int, H: int, seed: int, device: str = "cuda") -> dict[str, torch.Tensor]:
     from dsv4spec.bench.mhc import make_inputs
 
-    return make_inputs(T, H, seed)
+    return make_inputs(T, H, seed, device)
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -78,17 +92,63 @@ def _as64(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.double() for t in tensors]
 
 
-def _case(op: str, T: int, H: int, seed: int):
-    """``(call, float64 outputs, check)`` for one op at one size."""
+def _metadata_case(op: str, T: int, seed: int, device: str = "cuda"):
+    """``(call, None, check)`` for one metadata builder: ``check`` runs it and compares it bit for
+    bit with its torch reference (the tables over the extent the consumers read)."""
+    from dsv4spec.bench import metadata
+    from dsv4spec.ops import attention_metadata as am
+
+    if op == "expand":
+        x = metadata.expand_inputs(T, metadata.DRAFTS, device, seed)
+        kw = {"bs": T, "qo_len": metadata.DRAFTS}
+
+        def call():
+            return tuple(am.expand_same_length(x["shifted"], x["req_pool"], **kw)[1:])
+
+        def check():
+            ref = am.expand_same_length_reference(x["shifted"], x["req_pool"], **kw)
+            metadata.expand_refcheck(op, call(), tuple(ref[1:]))
+
+        return call, None, check
+    capacity = METADATA_CAPACITY
+    x = metadata.make_inputs(T, METADATA_LIVE, capacity, "verify", device, seed)
+    kw = {"max_seq_len": capacity, "page_size": metadata.PAGE_SIZE,
+          "swa_window": metadata.SWA_WINDOW}
+    page_args = (x["req_to_token"], x["req_pool"], x["seq_lens"])
+    page_table = am.build_page_table_positions_reference(*page_args, **kw).page_table
+    call = metadata.providers(op, x, capacity, None, None, page_table)["dsv4spec"]
+    if op == "page_table":
+        def reference():
+            return am.build_page_table_positions_reference(*page_args, **kw)
+    elif op == "c128":
+        def reference():
+            return am.init_compressed_attn_metadata_reference(
+                x["seq_lens"], x["positions"], x["out_loc"], page_table, metadata.PAGE_SIZE, True)
+    else:
+        def reference():
+            return tuple(am.build_compression_metadata_reference(
+                x["seq_lens"], x["out_loc"], page_table, x["swa"],
+                page_size=metadata.PAGE_SIZE, index_topk=metadata.INDEX_TOPK))
+
+    def check():
+        metadata.refcheck(op, call(), reference(), x["seq_lens"], capacity)
+
+    return call, None, check
+
+
+def _case(op: str, T: int, H: int, seed: int, device: str = "cuda"):
+    """``(call, float64 outputs, check)`` for one op at one size (the rollback on CUDA only)."""
     from dsv4spec import ops
 
+    if op in ("page_table", "c128", "compression", "expand"):
+        return _metadata_case(op, T, seed, device)
     if op == "rollback":
         from dsv4spec.bench.cleanup import Case
 
         case = Case(num_states=31, batch=T, num_draft=4, dtype=torch.float32, accept="random",
                     seed=seed)
         return case.run_fused, None, case.refcheck
-    x = _inputs(T, H, seed)
+    x = _inputs(T, H, seed, device)
     kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": x["norm_weight"], "norm_eps": 1e-6}
     r, f, fn, sc, base = x["residual"], x["f"], x["fn"], x["scale"], x["base"]
     if op == "boundary":
@@ -134,24 +194,32 @@ def _case(op: str, T: int, H: int, seed: int):
     return call, ref, None
 
 
-def measure(op: str, T: int, H: int, seed: int, timed: bool = True) -> dict:
-    call, ref, check = _case(op, T, H, seed)
-    if check is not None:  # the rollback: bit for bit against its reference, both launch paths
+def checked(op: str, T: int, H: int | None, seed: int,
+            device: str = "cuda") -> tuple[Callable[[], object], float]:
+    """Case ``op`` at (T, H) run once on ``device`` and checked against its reference (an
+    ``AssertionError`` names what missed): its call, and the largest relative error off float64
+    (0.0 for the cases checked bit for bit)."""
+    call, ref, check = _case(op, T, H or 0, seed, device)
+    if check is not None:  # the rollback, the metadata: bit for bit against their references
         check()
-        err = 0.0
-    else:
-        out = call()
-        err = _check(f"{op} H={H} T={T}", out, ref(out))
+        return call, 0.0
+    out = call()
+    return call, _check(f"{op} H={H} T={T}", out, ref(out))
+
+
+def measure(op: str, T: int, H: int, seed: int, timed: bool = True) -> dict:
+    call, err = checked(op, T, H, seed)
+    width = None if op in WIDTHLESS else H
     if not timed:
         call()  # a second call: the cached direct launch where this Triton has one
         torch.cuda.synchronize()
-        return {"op": op, "H": H if op != "rollback" else None, "T": T, "max_rel_err": err}
+        return {"op": op, "H": width, "T": T, "max_rel_err": err}
     graph = common.time_in_graph(call)["median_us"]
     eager = common.time_eager(call)["median_us"]
     with launch.LaunchCache.disabled():
         dispatcher = common.time_eager(call)["median_us"]
-    return {"op": op, "H": H if op != "rollback" else None, "T": T, "graph_us": graph,
-            "eager_us": eager, "eager_dispatcher_us": dispatcher, "max_rel_err": err}
+    return {"op": op, "H": width, "T": T, "graph_us": graph, "eager_us": eager,
+            "eager_dispatcher_us": dispatcher, "max_rel_err": err}
 
 
 def compare(a: dict, b: dict) -> str:
@@ -193,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     seed = 0
     for op in args.ops:
-        for H in (args.widths if op != "rollback" else [None]):
+        for H in (args.widths if op not in WIDTHLESS else [None]):
             for T in args.tokens:
                 seed += 1
                 row = measure(op, T, H or 0, seed, timed=not args.check_only)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -145,6 +145,35 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
         if lo <= num_tokens <= hi:
             return True
     return False
+
+
+@dataclass(frozen=True)
+class Gate:
+    """How one hook decides where it runs dsv4spec's ops, as data for reports (``dsv4spec
+    doctor``): the table and the decision function its fast path uses, never a copy of them.
+
+    ``ops``: the ops of :mod:`dsv4spec.ops` it launches, by name. ``table``: the measured-faster
+    table its decision reads (a :class:`~dsv4spec.integrations.tables.FileTable`); None: none of
+    its own. ``prefers(count, key, in_graph, architecture, **case)``: what its fast path asks per
+    call; without a table it is asked with key None (it serves every key) at counts
+    ``1..max_count``; None: no per-call range. ``cases``: label -> keyword arguments of
+    ``prefers`` for conditions only the running engine knows (vLLM's DeepGEMM), each reported
+    apart. ``stack_gated``: it serves only where a table of the running Triton's stack serves the
+    GPU (:func:`~dsv4spec.integrations.tables.stack_validated`). ``follows``: the hook whose
+    launch it hands over; it acts where that one does. ``note``: what else decides at run time.
+    ``key``, ``count``: what the key and the count are where no table names them.
+    """
+
+    ops: tuple[str, ...] = ()
+    table: Any = None
+    prefers: Callable[..., bool] | None = None
+    cases: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"": {}})
+    max_count: int | None = None
+    stack_gated: bool = False
+    follows: str | None = None
+    note: str = ""
+    key: str = "hidden_size"
+    count: str = "num_tokens"
 
 
 def run_where_measured_faster(key: tuple, compiled: set, capturing: bool,

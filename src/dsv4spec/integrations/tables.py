@@ -44,10 +44,12 @@ engine_us]`` rows, which a later run resumes from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +290,10 @@ def _clipped(keyed: Mapping[int, Spans], cap: int | None) -> dict[int, Spans]:
 
 def _device_name(architecture: Architecture) -> str | None:
     """The name of a visible CUDA device of that architecture (the current device first), or
-    None (no CUDA: the interpreter, whose tables are the architecture file)."""
+    None (no CUDA: the interpreter, whose tables are the architecture file); the assumed GPU's
+    name inside :func:`assuming`."""
+    if _assumed is not None:
+        return _assumed[0]
     if not torch.cuda.is_available():
         return None
     current = torch.cuda.current_device()
@@ -299,6 +304,11 @@ def _device_name(architecture: Architecture) -> str | None:
 
 
 _chains: dict[tuple[str | None, Architecture, str], list[tuple[Path, dict]] | None] = {}
+# (device name, stack) answered for in place of the visible GPU and the running Triton, inside
+# assuming(); None outside.
+_assumed: tuple[str | None, str | None] | None = None
+# Every FileTable made (weakly), so that assuming() can make each read its files again.
+_file_tables: list[weakref.ref] = []
 
 
 def clear_cache() -> None:
@@ -310,7 +320,7 @@ def _chain(device_name: str | None, architecture: Architecture,
            stack: str | None = None) -> list[tuple[Path, dict]]:
     """The readable files of the running stack for this GPU, in order; empty (after one WARNING)
     where a file of the chain is malformed, or none of this stack exists."""
-    stack = stack or running_stack()
+    stack = stack or _stack()
     cache_key = (device_name, tuple(architecture), stack)
     if cache_key in _chains:
         return _chains[cache_key] or []
@@ -342,6 +352,53 @@ def _chain(device_name: str | None, architecture: Architecture,
                 f" (measured: {measured})" if measured else "")
     _chains[cache_key] = chain
     return chain
+
+
+def _stack() -> str:
+    """The stack the tables are read for: the assumed one inside :func:`assuming`, else the
+    running Triton's."""
+    if _assumed is not None and _assumed[1] is not None:
+        return _assumed[1]
+    return running_stack()
+
+
+@contextlib.contextmanager
+def assuming(device_name: str | None, stack: str | None = None) -> Iterator[None]:
+    """Within the block, every table lookup answers for a GPU named ``device_name`` (whatever
+    architecture is asked; None: the architecture files alone) under Triton ``stack`` (None: the
+    running one), not for the visible GPU: what ``dsv4spec doctor --device-name`` reports. Every
+    table forgets what it read on entry and on exit (entries set by hand too)."""
+    global _assumed
+    if stack is not None:
+        stack = stack_of(stack)
+    previous = _assumed
+    _assumed = (device_name, stack)
+    _forget_read()
+    try:
+        yield
+    finally:
+        _assumed = previous
+        _forget_read()
+
+
+def _forget_read() -> None:
+    clear_cache()
+    _file_tables[:] = [ref for ref in _file_tables if ref() is not None]
+    for ref in _file_tables:
+        table = ref()
+        if table is not None:
+            table.reload()
+
+
+def chain_files(architecture: Architecture | None,
+                device_name: str | None = None) -> list[Path]:
+    """The files of the running stack that serve this GPU, in the order they are consulted
+    (empty where none does, or one of the chain is malformed): the tables
+    :func:`stack_validated` and :func:`hook_entry` read."""
+    if architecture is None:
+        return []
+    name = device_name if device_name is not None else _device_name(architecture)
+    return [path for path, _ in _chain(name, architecture)]
 
 
 def stack_validated(architecture: Architecture | None, device_name: str | None = None) -> bool:
@@ -417,4 +474,6 @@ class FileTable(dict):
 
 def faster_table(engine: str, hook: str) -> FileTable:
     """``engine``'s measured-faster table for ``hook``, read from the files on first use."""
-    return FileTable(engine, hook)
+    table = FileTable(engine, hook)
+    _file_tables.append(weakref.ref(table))
+    return table

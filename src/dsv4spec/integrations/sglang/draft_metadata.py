@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook
+from dsv4spec.integrations.hooks import STEP_ASIDE, Gate, GuardedHook
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
@@ -159,3 +159,11 @@ def make_draft_metadata_hook(module: Any = None) -> GuardedHook:
 
     return DraftMetadataHook("DSV4 draft-decode metadata",
                              only_for_dsv4(init_forward_metadata_in_graph), logger, "SGLang")
+
+
+# How the hook decides, for reports (dsv4spec doctor): it launches nothing of dsv4spec; each
+# call is decided from SGLang's configuration (steps_the_draft_loop_reads).
+GATES: dict[str, Gate] = {
+    "DSV4 draft-decode metadata": Gate(
+        note="launches no dsv4spec kernel: builds only the draft steps SGLang's loop reads"),
+}

@@ -36,6 +36,7 @@ from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
     FasterTable,
+    Gate,
     GuardedHook,
     gpu_architecture,
     measured_faster,
@@ -90,11 +91,23 @@ def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
     Returns
     -------
     bool
-        True iff ``num_tokens`` lies in one of the measured winning ranges of
+        True iff ``num_tokens`` is at most ``PRECOMPILE_MAX_TOKENS`` (the counts compiled before
+        capture) and lies in one of the measured winning ranges of
         :data:`TARGET_HC_HEAD_FASTER` for that architecture, mode and ``hidden_size``.
     """
-    return measured_faster(TARGET_HC_HEAD_FASTER, architecture, hidden_size, num_tokens,
-                           in_graph)
+    return num_tokens <= PRECOMPILE_MAX_TOKENS and measured_faster(
+        TARGET_HC_HEAD_FASTER, architecture, hidden_size, num_tokens, in_graph)
+
+
+def draft_prefers_dsv4spec(num_tokens: int,
+                           architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE) -> bool:
+    """Whether a draft's unfused hc_head chain (the MTP draft's ``hc_head``, DSpark's
+    ``hc_head_torch``) should run dsv4spec's kernel: on an architecture where it was measured
+    against that chain (:data:`DRAFT_HC_HEAD_MEASURED`), at ``1 <= num_tokens <=
+    PRECOMPILE_MAX_TOKENS``, in a graph or eagerly, at any width. The hooks also need a table of
+    the running Triton's stack for the GPU (:func:`~dsv4spec.integrations.tables.
+    stack_validated`), decided once per device."""
+    return architecture in DRAFT_HC_HEAD_MEASURED and 0 < num_tokens <= PRECOMPILE_MAX_TOKENS
 
 
 def dspark_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
@@ -187,7 +200,7 @@ def _eager_chain_replaced(
     if architecture is None or sglang_deterministic():
         return STEP_ASIDE
     if prefers is None:
-        if architecture not in DRAFT_HC_HEAD_MEASURED:
+        if not draft_prefers_dsv4spec(x.shape[0], architecture):
             return STEP_ASIDE
     elif not prefers(x.shape[0], x.shape[2], _capturing(x), architecture):
         return STEP_ASIDE
@@ -243,7 +256,7 @@ def target_hc_head(
     if torch.compiler.is_compiling() or x.dim() != 3 or x.shape[1] != HC:
         return STEP_ASIDE
     architecture = _prepared(x)  # first: compiles on an eager call even where SGLang's path wins
-    if (architecture is None or x.shape[0] > PRECOMPILE_MAX_TOKENS or sglang_deterministic()
+    if (architecture is None or sglang_deterministic()
             or not target_prefers_dsv4spec(x.shape[0], x.shape[2], _capturing(x), architecture)):
         return STEP_ASIDE
     try:
@@ -263,3 +276,23 @@ def make_dspark_hook(module: Any = None) -> GuardedHook:
 
 def make_target_hook(module: Any = None) -> GuardedHook:
     return GuardedHook("target hc_head", only_for_dsv4(target_hc_head), logger, "SGLang")
+
+
+def _draft_gate(count: int, key: Any, in_graph: bool,
+                architecture: tuple[int, int] | None) -> bool:
+    """:func:`draft_prefers_dsv4spec` asked as a Gate asks (every width, both modes)."""
+    return draft_prefers_dsv4spec(count, architecture)
+
+
+# How each hook here decides, for reports (dsv4spec doctor): the MTP draft's architecture gate,
+# the DSpark draft's and the target's tables.
+GATES: dict[str, Gate] = {
+    "draft hc_head": Gate(ops=("hc_head",), prefers=_draft_gate,
+                          max_count=PRECOMPILE_MAX_TOKENS, stack_gated=True),
+    "DSpark draft hc_head": Gate(ops=("hc_head",), table=DSPARK_HC_HEAD_FASTER,
+                                 prefers=dspark_prefers_dsv4spec,
+                                 max_count=PRECOMPILE_MAX_TOKENS, stack_gated=True,
+                                 note="not DSV4.1's DSpark (hc_pre_from_prev_sublayer)"),
+    "target hc_head": Gate(ops=("hc_head",), table=TARGET_HC_HEAD_FASTER,
+                           prefers=target_prefers_dsv4spec, stack_gated=True),
+}

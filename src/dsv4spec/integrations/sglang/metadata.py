@@ -81,6 +81,7 @@ Left as SGLang's, with the reason:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -95,6 +96,7 @@ from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
     FasterTable,
+    Gate,
     GuardedHook,
     gpu_architecture,
     measured_faster,
@@ -508,3 +510,24 @@ def make_flashmla_related_hook(module: ModuleType) -> GuardedHook:
 
     return GuardedHook("DSV4 FlashMLA metadata", only_for_dsv4(init_flashmla_related), logger,
                        "SGLang")
+
+
+def _gate(op: str, ours: str, note: str = "") -> Gate:
+    return Gate(ops=(ours,), table=TABLES[op], prefers=functools.partial(prefers_dsv4spec, op),
+                note=note)
+
+
+# How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec.
+GATES: dict[str, Gate] = {
+    "DSV4 page table": _gate(
+        PAGE_TABLE, "build_page_table_positions",
+        f"not while SGLang reads the page table past the live pages ({TORCH_PAGED_LOGITS_ENV}, "
+        f"the {UNREAD_TOPK_BACKEND} DSA top-k backend)"),
+    "DSV4 compressed metadata": _gate(COMPRESSED, "init_compressed_attn_metadata"),
+    "DSV4 verify row expansion": _gate(EXPAND, "expand_same_length"),
+    "DSV4 compression metadata in one launch": _gate(
+        COMPRESSION, "build_compression_metadata",
+        "DSV4 (C4/C128 layers) only: not with ratio-1/2 layers, a request window or context "
+        "parallel"),
+    "DSV4 FlashMLA metadata": Gate(follows="DSV4 compression metadata in one launch"),
+}

@@ -36,6 +36,7 @@ as SGLang's load-time prewarm would have done had it not reached ours.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Any
@@ -47,6 +48,7 @@ from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
     FasterTable,
+    Gate,
     GuardedHook,
     gpu_architecture,
     measured_faster,
@@ -312,3 +314,14 @@ def make_mhc_fused_post_pre_hook(module: Any = None) -> GuardedHook:
     _forget_cached_mhc_ops()
     return _WarmsOriginal("mHC mhc_fused_post_pre", only_for_dsv4(fast_mhc_fused_post_pre),
                           logger, "SGLang")
+
+
+# How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec.
+_DETERMINISTIC = "SGLang's deterministic inference or batch-invariant mode"
+GATES: dict[str, Gate] = {
+    f"mHC {op}": Gate(ops=(ours,), table=TABLES[op],
+                      prefers=functools.partial(prefers_dsv4spec, op),
+                      note=f"not under {_DETERMINISTIC}" + (
+                          "" if op == "mhc_post" else " or symmetric memory (--enable-symm-mem)"))
+    for op, ours in (("mhc_pre", "mhc_pre"), ("mhc_post", "mhc_post"),
+                     ("mhc_fused_post_pre", "mhc_post_pre"))}

@@ -9,13 +9,14 @@ Each has its own environment switch (``0`` turns it off; default on).
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 from collections.abc import Callable
 from types import ModuleType
 
 from dsv4spec.integrations import manifest
-from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
+from dsv4spec.integrations.hooks import OFF_VALUES, Gate, Hook, switch_on
 from dsv4spec.usage import env_switch
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
@@ -195,8 +196,21 @@ ENGINE_SPEC = manifest.EngineSpec(
                                     helper_files=_HELPER_FILES.get(hook.name, ()),
                                     caller_files=_CALLER_FILES) for hook in HOOKS})
 
+# The modules of the hooks' fast paths (dsv4spec.integrations.sglang.<name>), each with GATES,
+# how each of its hooks decides.
+HOOK_MODULES = ("rollback", "hc_head", "mhc", "metadata", "draft_metadata")
+
 _announced = False
 _verdicts: dict[str, manifest.Verdict] | None = None
+
+
+def gates() -> dict[str, Gate]:
+    """How each hook decides where it runs dsv4spec's ops, by hook name (imports the hooks'
+    modules: dsv4spec's ops and Triton, not SGLang)."""
+    found: dict[str, Gate] = {}
+    for name in HOOK_MODULES:
+        found.update(importlib.import_module(f"dsv4spec.integrations.sglang.{name}").GATES)
+    return found
 
 
 def installed_sglang_version() -> str | None:
@@ -234,11 +248,10 @@ def register() -> list[str]:
     installed, off, skipped = [], [], []
     checked = verdicts()
     for hook in HOOKS:
-        if not switch_on(hook.switch):
+        if not switched_on(hook):
             off.append(f"{hook.name} ({hook.switch}=0)")
             continue
-        verdict = checked.get(hook.name)
-        if verdict is None or not (verdict.ok or env_switch(ALLOW_UNTESTED, False)):
+        if not installs(checked.get(hook.name)):
             skipped.append(hook.name)
             continue
         try:
@@ -253,6 +266,17 @@ def register() -> list[str]:
         installed.append(hook.target)
     _announce(version, installed, off, skipped)
     return installed
+
+
+def switched_on(hook: Hook) -> bool:
+    """Whether ``hook``'s environment switch leaves it on."""
+    return switch_on(hook.switch)
+
+
+def installs(verdict: manifest.Verdict | None) -> bool:
+    """Whether a hook with this manifest verdict registers: its SGLang source matches a tested
+    version's, or ``DSV4SPEC_SGLANG_ALLOW_UNTESTED=1``."""
+    return verdict is not None and (verdict.ok or env_switch(ALLOW_UNTESTED, False))
 
 
 def manifests() -> list[dict]:

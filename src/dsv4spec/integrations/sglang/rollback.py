@@ -18,7 +18,7 @@ import torch
 
 from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations import tables
-from dsv4spec.integrations.hooks import STEP_ASIDE, GuardedHook, gpu_architecture
+from dsv4spec.integrations.hooks import STEP_ASIDE, Gate, GuardedHook, gpu_architecture
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import C128DraftCleanup
@@ -143,3 +143,11 @@ def make_rollback_hook(pool_module: ModuleType) -> GuardedHook:
 
     return GuardedHook("C128 rollback", only_for_dsv4(clear_unaccepted_c128_draft_states), logger,
                        "SGLang")
+
+
+# How the hook decides, for reports (dsv4spec doctor): no table of its own, every call where a
+# table of the running Triton's stack serves the GPU (see _plan).
+GATES: dict[str, Gate] = {
+    "C128 rollback": Gate(ops=("C128DraftCleanup",), stack_gated=True,
+                          note="every call: one launch for every C128 state"),
+}

@@ -24,7 +24,7 @@ import torch
 
 from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations.hc_head import precompile_hc_head
-from dsv4spec.integrations.hooks import STEP_ASIDE, gpu_architecture
+from dsv4spec.integrations.hooks import STEP_ASIDE, Gate, gpu_architecture
 from dsv4spec.integrations.vllm.mhc import (
     HC,
     prefers_dsv4spec,
@@ -32,6 +32,7 @@ from dsv4spec.integrations.vllm.mhc import (
     table_spans,
     vllm_batch_invariant,
 )
+from dsv4spec.integrations.vllm.tables import TABLES
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head_precompile import PRECOMPILE_MAX_TOKENS
 from dsv4spec.ops import hc_head
@@ -66,6 +67,15 @@ def _prepared(x: torch.Tensor) -> tuple[int, int] | None:
     return architecture
 
 
+def hc_head_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
+                             architecture: tuple[int, int] | None) -> bool:
+    """Whether vLLM's hc_head should run dsv4spec's kernel: at ``num_tokens`` up to
+    ``PRECOMPILE_MAX_TOKENS`` (the counts compiled before capture) where the table prefers ours
+    (:func:`~dsv4spec.integrations.vllm.mhc.prefers_dsv4spec`)."""
+    return num_tokens <= PRECOMPILE_MAX_TOKENS and prefers_dsv4spec(
+        "hc_head", num_tokens, hidden_size, in_graph, architecture)
+
+
 def fast_hc_head(
     hs_flat: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
     rms_eps: float, hc_eps: float,
@@ -77,18 +87,26 @@ def fast_hc_head(
     x = hs_flat
     if (torch.compiler.is_compiling() or not isinstance(x, torch.Tensor) or x.dim() != 3
             or x.shape[1] != HC or x.dtype != torch.bfloat16 or not x.is_contiguous()
-            or not 0 < x.shape[0] <= PRECOMPILE_MAX_TOKENS):
+            or x.shape[0] == 0):
         return STEP_ASIDE
     if vllm_batch_invariant():
         return STEP_ASIDE
     architecture = _prepared(x)  # compiles on an eager call even where vLLM's path wins
     index = x.get_device()
     if (architecture is None
-            or not prefers_dsv4spec("hc_head", x.shape[0], x.shape[2],
-                                    index >= 0 and stream_capturing(index), architecture)):
+            or not hc_head_prefers_dsv4spec(x.shape[0], x.shape[2],
+                                            index >= 0 and stream_capturing(index),
+                                            architecture)):
         return STEP_ASIDE
     try:
         return hc_head(x, fn, hc_scale, hc_base, norm_eps=float(rms_eps), hc_eps=float(hc_eps),
                        impl="triton")
     except (ValueError, TypeError) as e:  # raised by the input checks, before any work
         return rejected("hc_head", e)
+
+
+# How the hook decides, for reports (dsv4spec doctor): its table and hc_head_prefers_dsv4spec.
+GATES: dict[str, Gate] = {
+    "hc_head": Gate(ops=("hc_head",), table=TABLES["hc_head"], prefers=hc_head_prefers_dsv4spec,
+                    note="not under VLLM_BATCH_INVARIANT or torch.compile"),
+}

@@ -17,6 +17,7 @@ there: vLLM's warm-up runs each size eagerly before it captures it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -28,6 +29,7 @@ from dsv4spec.capture import stream_capturing
 from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
+    Gate,
     gpu_architecture,
     measured_faster,
     run_where_measured_faster,
@@ -304,3 +306,22 @@ def fast_mhc_fused_post_pre(
 # byte-identical in 0.33.0 and 0.34.0, and 0.34.0's two functions are one
 # ``_mhc_fused_post_pre_tilelang_impl`` differing only in where the unfused path writes).
 fast_mhc_fused_post_pre_reuse_residual = fast_mhc_fused_post_pre
+
+
+
+def _gate(op: str, ours: str) -> Gate:
+    cases = ({"": {}} if DEEP_GEMM_FROM_TOKENS[op] is None else
+             {"DeepGEMM off": {"deep_gemm": False}, "DeepGEMM on": {"deep_gemm": True}})
+    return Gate(ops=(ours,), table=TABLES[op], prefers=functools.partial(prefers_dsv4spec, op),
+                cases=cases, note="not under VLLM_BATCH_INVARIANT or torch.compile")
+
+
+# How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec, with
+# vLLM's DeepGEMM off and on (only vLLM knows which). The reuse_residual boundary is the
+# boundary's fast path and reads its table.
+GATES: dict[str, Gate] = {
+    "mhc_pre": _gate("mhc_pre", "mhc_pre"),
+    "mhc_post": _gate("mhc_post", "mhc_post"),
+    "mhc_fused_post_pre": _gate("mhc_fused_post_pre", "mhc_post_pre"),
+    "mhc_fused_post_pre_reuse_residual": _gate("mhc_fused_post_pre", "mhc_post_pre"),
+}

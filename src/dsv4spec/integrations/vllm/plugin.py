@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from dsv4spec.integrations import manifest
-from dsv4spec.integrations.hooks import OFF_VALUES, GuardedHook, Hook, switch_on
+from dsv4spec.integrations.hooks import OFF_VALUES, Gate, GuardedHook, Hook, switch_on
 from dsv4spec.usage import env_switch
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
@@ -60,6 +60,13 @@ def fast_path(name: str) -> Callable:
     """Hook ``name``'s fast path (imports dsv4spec's ops and kernels, and Triton)."""
     return getattr(importlib.import_module(f"dsv4spec.integrations.vllm.{_AREAS[name]}"),
                    f"fast_{name}")
+
+
+def gates() -> dict[str, Gate]:
+    """How each hook decides where it runs dsv4spec's ops, by hook name (imports the fast paths'
+    modules: dsv4spec's ops and Triton, not vLLM)."""
+    return {hook.name: importlib.import_module(
+        f"dsv4spec.integrations.vllm.{_AREAS[hook.name]}").GATES[hook.name] for hook in HOOKS}
 
 
 def _make(area: str, name: str) -> Callable[[ModuleType], Callable]:
@@ -193,6 +200,12 @@ def _source_root(module: ModuleType) -> Path | None:
         root = manifest.source_root(file, "vllm", relpath)
         if root is not None:
             return root
+    return installed_source_root()
+
+
+def installed_source_root() -> Path | None:
+    """The directory holding the ``vllm/`` folder of the vLLM on ``sys.path`` (found, not
+    imported), or None."""
     spec = importlib.machinery.PathFinder.find_spec("vllm")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations))).parent
@@ -278,11 +291,23 @@ def _settle(name: str) -> bool:
     return served
 
 
-def _may_install(hook: Hook, module: ModuleType) -> bool:
-    verdict = verdicts(module).get(hook.name)
+def installs(verdict: manifest.Verdict | None) -> bool:
+    """Whether a hook with this manifest verdict installs: its vLLM source matches a tested
+    version's, or ``DSV4SPEC_VLLM_ALLOW_UNTESTED=1``; never where this vLLM does not define the
+    hooked function (0.33.0: the reuse_residual boundary)."""
     if verdict is None or verdict.absent:
-        return False  # a function this vLLM does not define (0.33.0: reuse_residual)
+        return False
     return verdict.ok or env_switch(ALLOW_UNTESTED, False)
+
+
+def switched_on(hook: Hook, master: bool | None = None) -> bool:
+    """Whether the environment leaves ``hook`` on: ``DSV4SPEC_VLLM`` (``master``, where already
+    read) and its own switch."""
+    return (switch_on(MASTER_SWITCH) if master is None else master) and switch_on(hook.switch)
+
+
+def _may_install(hook: Hook, module: ModuleType) -> bool:
+    return installs(verdicts(module).get(hook.name))
 
 
 def _patch(module: ModuleType) -> list[str]:
@@ -411,7 +436,7 @@ def _register() -> list[str]:
     master = switch_on(MASTER_SWITCH)
     off = []
     for hook in HOOKS:
-        if not master or not switch_on(hook.switch):
+        if not switched_on(hook, master):
             off.append(f"{hook.name} ({hook.switch if master else MASTER_SWITCH}=0)")
         elif hook.name not in _guards:
             _guards[hook.name] = hook.make(None)

@@ -1,0 +1,277 @@
+"""``dsv4spec doctor``: its report without a GPU, the what-if of an H200 (the ranges it lists are
+the plugins' own decision functions' answers), its exit status, its JSON keys, an engine source
+that matches no tested version, and (on an H200) the whole report validated."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4spec import doctor
+from dsv4spec.cli import EXIT_USAGE, main
+from dsv4spec.integrations import manifest, tables
+from dsv4spec.integrations.sglang import hc_head as sglang_hc_head
+from dsv4spec.integrations.sglang import metadata as sglang_metadata
+from dsv4spec.integrations.sglang import mhc as sglang_mhc
+from dsv4spec.integrations.sglang import plugin as sglang_plugin
+from dsv4spec.integrations.vllm import hc_head as vllm_hc_head
+from dsv4spec.integrations.vllm import mhc as vllm_mhc
+from dsv4spec.integrations.vllm import plugin as vllm_plugin
+from dsv4spec.integrations.vllm.source import vllm_src
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = {"device_name": "NVIDIA H200", "capability": (9, 0)}
+SM90 = (9, 0)
+KEYS = {"dsv4spec", "what_if", "gpu", "torch", "triton", "tables", "engines", "numerics",
+        "warnings", "problems", "exit"}
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture(autouse=True)
+def _no_user_tables(monkeypatch, tmp_path):
+    # The packaged tables only, whatever the user's cache holds.
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path / "no-user-tables"))
+    tables.clear_cache()
+
+
+def test_without_a_gpu_every_hook_steps_aside_and_the_exit_status_is_1(no_gpu, capsys):
+    rc = main(["doctor"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "GPU       none: no CUDA GPU: every hook steps aside, the engines' own code runs" in out
+    assert "numerics  skipped: no CUDA GPU" in out
+    assert "result    not validated (exit 1)" in out
+    for line in ("torch ", "tables ", "SGLang ", "vLLM "):
+        assert any(row.startswith(line) for row in out.splitlines()), (line, out)
+    report = doctor.build_report()
+    assert report["exit"] == 1 and report["problems"][0] == doctor.NO_GPU
+    assert not any(hook["acts"] for engine in report["engines"].values()
+                   for hook in engine["hooks"].values())
+
+
+def test_json_parses_and_has_the_documented_keys(no_gpu, capsys):
+    rc = main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == report["exit"] == 1
+    assert set(report) == KEYS
+    documented = (ROOT / "docs" / "doctor.md").read_text()
+    assert all(f"`{key}`" in documented and f"``{key}``" in doctor.__doc__ for key in KEYS)
+    assert set(report["engines"]) == {"sglang", "vllm"}
+    hook = report["engines"]["sglang"]["hooks"]["mHC mhc_pre"]
+    assert {"target", "switched_on", "verdict", "installs", "kind", "ops", "table_file", "ranges",
+            "serves", "acts"} <= set(hook)
+
+
+def direct_spans(decide, keys, top):
+    """Per mode and key, the counts 1..top + 1 at which ``decide(count, key, in_graph)`` holds,
+    as ranges: the decision functions asked directly."""
+    return {mode: {str(key): doctor.spans_of(c for c in range(1, top + 2)
+                                             if decide(c, key, mode == "graph"))
+                   for key in keys}
+            for mode in tables.MODES}
+
+
+def direct_decisions():
+    """hook -> (engine, case label, decide(count, key, in_graph)) for every table-gated hook of
+    both plugins: each plugin's decision function called by its own name."""
+    M = sglang_metadata
+    out = {("sglang", f"mHC {op}", ""): (lambda op: lambda c, k, g: sglang_mhc.prefers_dsv4spec(
+        op, c, k, g, SM90))(op) for op in sglang_mhc.TABLES}
+    out[("sglang", "target hc_head", "")] = lambda c, k, g: sglang_hc_head.target_prefers_dsv4spec(
+        c, k, g, SM90)
+    for hook, op in (("DSV4 page table", M.PAGE_TABLE), ("DSV4 compressed metadata", M.COMPRESSED),
+                     ("DSV4 verify row expansion", M.EXPAND),
+                     ("DSV4 compression metadata in one launch", M.COMPRESSION)):
+        out[("sglang", hook, "")] = (lambda op: lambda c, k, g: M.prefers_dsv4spec(
+            op, c, k, g, SM90))(op)
+    out[("vllm", "hc_head", "")] = lambda c, k, g: vllm_hc_head.hc_head_prefers_dsv4spec(
+        c, k, g, SM90)
+    for hook, op in (("mhc_pre", "mhc_pre"), ("mhc_post", "mhc_post"),
+                     ("mhc_fused_post_pre", "mhc_fused_post_pre"),
+                     ("mhc_fused_post_pre_reuse_residual", "mhc_fused_post_pre")):
+        cases = {"": False} if op == "mhc_post" else {"DeepGEMM off": False, "DeepGEMM on": True}
+        for label, deep_gemm in cases.items():
+            out[("vllm", hook, label)] = (lambda op, d: lambda c, k, g: vllm_mhc.prefers_dsv4spec(
+                op, c, k, g, SM90, d))(op, deep_gemm)
+    return out
+
+
+@pytest.mark.parametrize("stack, file", [("3.6", "NVIDIA_H200.json"),
+                                         ("3.8", "NVIDIA_H200.triton3.8.json")])
+def test_what_if_an_h200_lists_the_ranges_the_decision_functions_give(stack, file):
+    report = doctor.build_report(**H200, triton_stack=stack, numerics=False)
+    assert report["what_if"] and report["gpu"]["sm"] == "sm_90"
+    assert report["numerics"]["skipped"].startswith("a what-if")
+    served_by = tables.PACKAGED_DIR / file
+    assert report["tables"]["serving"][0] == str(served_by)
+    engines = tables.read_file(served_by)
+    with tables.assuming("NVIDIA H200", stack):
+        for (engine, hook, label), decide in direct_decisions().items():
+            entry = report["engines"][engine]["hooks"][hook]
+            table = engines[engine][entry["table"]]
+            keys = sorted({k for mode in tables.MODES for k in table[mode]})
+            top = max(hi for mode in tables.MODES for spans in table[mode].values()
+                      for _, hi in spans)
+            assert entry["table_file"] == str(served_by), hook
+            assert entry["ranges"][label] == direct_spans(decide, keys, top), (engine, hook, label)
+    sglang = report["engines"]["sglang"]["hooks"]
+    fused_7168 = sglang["mHC mhc_fused_post_pre"]["ranges"][""]["graph"]["7168"]
+    assert fused_7168 == ([[1, 32]] if stack == "3.6" else [[1, 8], [17, 32]])
+    # the drafts' gate serves every width to the precompiled count; the rollback every call
+    assert sglang["draft hc_head"]["ranges"][""]["graph"] == {"*": [[1, 16384]]}
+    assert sglang["C128 rollback"]["serves"] and not sglang["C128 rollback"]["ranges"]
+
+
+def test_a_decision_inside_a_hook_is_what_the_report_shows(monkeypatch):
+    """The hc_head hooks' precompiled-count cap lives in their decision functions, so the report
+    (which asks those functions) follows it."""
+    monkeypatch.setattr(sglang_hc_head, "PRECOMPILE_MAX_TOKENS", 8)
+    monkeypatch.setattr(vllm_hc_head, "PRECOMPILE_MAX_TOKENS", 8)
+    report = doctor.build_report(**H200, triton_stack="3.6", numerics=False)
+    target = report["engines"]["sglang"]["hooks"]["target hc_head"]["ranges"][""]
+    assert target["graph"] == {"4096": [[1, 8]], "7168": [[1, 8]]}
+    vllm = report["engines"]["vllm"]["hooks"]["hc_head"]["ranges"][""]
+    assert vllm["eager"] == {"4096": [[1, 8]], "7168": [[1, 8]]}
+
+
+def test_what_if_with_no_table_for_the_gpu_says_to_tune(capsys):
+    rc = main(["doctor", "--device-name", "NVIDIA B200", "--capability", "10.0"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "none of Triton 3.6 for NVIDIA B200 (sm_100)" in out and "dsv4spec tune" in out
+
+
+def test_what_if_numerics_plan_covers_every_op_the_acting_hooks_launch():
+    from dsv4spec.bench import stack
+
+    report = doctor.build_report(**H200, triton_stack="3.6", numerics=False)
+    for engine in report["engines"].values():  # as if both engines were found and matched
+        for hook in engine["hooks"].values():
+            hook["acts"] = hook["serves"]
+    points = doctor.numerics_points(report)
+    assert {case for case, _, _ in points} == {
+        "boundary", "mhc_pre", "mhc_post", "hc_head", "rollback", "page_table", "c128",
+        "compression", "expand"}
+    assert all(case in stack.OPS for case, _, _ in points)
+    for case, H, T in points:
+        assert (H is None) == (case in stack.WIDTHLESS) and T >= 1
+        assert H in (None, 4096, 7168)
+
+
+def test_every_hook_of_both_plugins_declares_its_gate():
+    for plugin in (sglang_plugin, vllm_plugin):
+        gates = plugin.gates()
+        assert set(gates) == {hook.name for hook in plugin.HOOKS}
+        for name, gate in gates.items():
+            assert gate.follows is None or gate.follows in gates, name
+
+
+def fake_sglang_source(tmp_path) -> Path:
+    (tmp_path / "sglang").mkdir()
+    return tmp_path
+
+
+def test_an_engine_source_matching_no_tested_version_is_reported(monkeypatch, tmp_path, capsys):
+    def one_hook_differs(spec, root, manifests):
+        verdicts = {h: manifest.Verdict(h, ["0.5.23"]) for h in spec.hooks}
+        if spec.engine == "sglang":
+            verdicts["mHC mhc_pre"] = manifest.Verdict(
+                "mHC mhc_pre", [], reason="closest tested version 0.5.23; differs in "
+                "kernels/ops/layernorm/mhc.py:mhc_pre (changed)")
+        return verdicts
+
+    source = fake_sglang_source(tmp_path)
+    argv = ["doctor", "--device-name", "NVIDIA H200", "--capability", "9.0",
+            "--sglang-source", str(source)]
+    monkeypatch.setattr(manifest, "verdicts", lambda spec, root, m: {
+        h: manifest.Verdict(h, ["0.5.23"]) for h in spec.hooks})
+    assert main(argv) == 0, capsys.readouterr().out  # every hook matches: validated
+    capsys.readouterr()
+    monkeypatch.setattr(manifest, "verdicts", one_hook_differs)
+    rc = main(argv)
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 1, out
+    assert "12 of 13 hooks match tested 0.5.23" in out
+    assert "mHC mhc_pre steps aside: its source matches no tested version" in out
+    assert "problem SGLang mHC mhc_pre: its source matches no tested SGLang (0.5.23): closest " \
+           "tested version 0.5.23; differs in kernels/ops/layernorm/mhc.py:mhc_pre (changed)" in out
+    report = doctor.build_report(**H200, sources={"sglang": source}, numerics=False)
+    hook = report["engines"]["sglang"]["hooks"]["mHC mhc_pre"]
+    assert not hook["installs"] and not hook["acts"] and hook["serves"]
+    monkeypatch.setenv(sglang_plugin.ALLOW_UNTESTED, "1")
+    report = doctor.build_report(**H200, sources={"sglang": source}, numerics=False)
+    assert report["engines"]["sglang"]["hooks"]["mHC mhc_pre"]["acts"]
+    assert any("(installed anyway)" in p for p in report["problems"])
+
+
+@pytest.fixture
+def an_h200(monkeypatch):
+    """torch as if it saw an H200 as cuda:0 (for what the report does with a visible GPU)."""
+    for name, value in (("is_available", True), ("current_device", 0),
+                        ("get_device_name", "NVIDIA H200"), ("get_device_capability", (9, 0)),
+                        ("device_count", 1), ("synchronize", None)):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, value=value: value)
+
+
+def test_every_numerics_check_decides_the_exit_status(an_h200, monkeypatch, tmp_path, capsys):
+    from dsv4spec.bench import stack
+
+    ran = []
+
+    def check(case, T, H, seed):
+        ran.append((case, H, T))
+        if case == failing[0]:
+            raise AssertionError(f"{case} H={H} T={T}: output 0 is 0.5 off float64")
+        return None, 1e-6
+
+    failing = [None]
+    monkeypatch.setattr(stack, "checked", check)
+    monkeypatch.setattr(manifest, "verdicts", lambda spec, root, m: {
+        h: manifest.Verdict(h, ["0.5.23"]) for h in spec.hooks})
+    argv = ["doctor", "--sglang-source", str(fake_sglang_source(tmp_path))]
+    assert main(argv) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "GPU       NVIDIA H200 (sm_90), cuda:0" in out and "all pass" in out
+    assert {case for case, _, _ in ran} >= {"boundary", "mhc_pre", "hc_head", "rollback"}
+    failing[0] = "mhc_pre"
+    assert main(argv) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "problem numerics mhc_pre H=4096 T=1: AssertionError: mhc_pre H=4096 T=1: output 0 " \
+           "is 0.5 off float64" in out
+
+
+@pytest.mark.parametrize("argv, argument", [
+    (["--device-name", "NVIDIA H200"], "--capability"),
+    (["--capability", "9"], "--capability"),
+    (["--triton-stack", "three"], "--triton-stack"),
+    (["--vllm-source", "/no/such/dir"], "--vllm-source"),
+])
+def test_bad_arguments_exit_2_naming_the_argument(no_gpu, argv, argument, capsys):
+    try:
+        rc = main(["doctor", *argv])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == EXIT_USAGE and f"argument {argument}" in err and "\n" not in err.strip(), err
+
+
+@pytest.mark.gpu
+def test_on_an_h200_with_the_packaged_tables_everything_is_validated(capsys):
+    if torch.cuda.get_device_name() != "NVIDIA H200":
+        pytest.skip("the packaged device tables are an H200's")
+    argv = ["doctor", "--json"]
+    if vllm_src() is not None:
+        argv += ["--vllm-source", str(vllm_src())]
+    elif sglang_plugin.installed_sglang_version() is None:
+        pytest.skip("neither vLLM's nor SGLang's source is here")
+    rc = main(argv)
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report["problems"]
+    numerics = report["numerics"]
+    assert numerics["run"] and numerics["ok"] and numerics["checks"]
+    assert numerics["seconds"] < 30
