@@ -10,6 +10,7 @@
 #              running Triton stack (OUT_DIR/tables)
 #   tests      pytest -m gpu of the DSpark hook (the packaged tables)
 #   tests-vllm pytest -m gpu of the vLLM plugin, on 0.34.0's source
+#   doctor     dsv4spec doctor on this GPU, its GPU test, and bench stack --check-only
 # Bundles, unpacked into /tmp once: .device-tl/tilelang_*.tar.xz (TileLang, the engines' pin),
 # .device-sg/sglang_subset.tar.xz (SGLang's Python files), .device/triton38_*.tar.xz (Triton
 # 3.8, put first on PYTHONPATH with TRITON38=1). vLLM's sources: .vllm-src/<version>/.
@@ -110,6 +111,16 @@ EOF
       DSV4SPEC_VLLM_SRC=$V34 $PY -m pytest -m gpu -q -p no:cacheprovider tests/integrations/vllm \
         2>&1 | tee "$OUT/pytest_gpu_vllm.log" | tail -20
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    doctor)
+      step "dsv4spec doctor (the packaged tables), its GPU test, bench stack --check-only"
+      { time $PY -m dsv4spec.cli doctor; } > "$OUT/doctor.txt" 2>&1; echo "exit $?" >> "$OUT/doctor.txt"
+      $PY -m dsv4spec.cli doctor --json > "$OUT/doctor.json" 2>/dev/null
+      tail -8 "$OUT/doctor.txt"
+      $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_doctor.py 2>&1 \
+        | tee "$OUT/pytest_gpu_doctor.log" | tail -8
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      $PY -m dsv4spec.cli bench stack --check-only --out "$OUT/stack" 2>&1 \
+        | tee "$OUT/bench_stack_check.log" | tail -8 ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done
