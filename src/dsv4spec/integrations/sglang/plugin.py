@@ -16,7 +16,7 @@ from types import ModuleType
 
 from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, Hook, switch_on
-from dsv4spec.usage import env_switch
+from dsv4spec.usage import env_switch, switch_setting
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
@@ -235,7 +235,7 @@ def register() -> list[str]:
     checked = verdicts()
     for hook in HOOKS:
         if not switch_on(hook.switch):
-            off.append(f"{hook.name} ({hook.switch}=0)")
+            off.append(f"{hook.name} ({switch_setting(hook.switch, True)})")
             continue
         verdict = checked.get(hook.name)
         if verdict is None or not (verdict.ok or env_switch(ALLOW_UNTESTED, False)):
@@ -288,7 +288,8 @@ def verdicts() -> dict[str, manifest.Verdict]:
         logger.warning(
             "dsv4spec: SGLang %s hook %s: the SGLang source it rests on (%s) matches no tested "
             "SGLang (%s): %s%s", verdict.hook, "registered anyway" if allow else "steps aside",
-            root, versions, verdict.reason, f" ({ALLOW_UNTESTED}=1)" if allow else
+            root, versions, verdict.reason,
+            f" ({switch_setting(ALLOW_UNTESTED, False)})" if allow else
             f"; SGLang's own code serves it ({ALLOW_UNTESTED}=1 registers it anyway)")
     for module in MODEL_FILES:
         new = manifest.uncovered(ENGINE_SPEC, root, tested, module)
