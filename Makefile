@@ -1,5 +1,7 @@
-# Every target does its own setup from a bare Python 3: a venv, torch (the CPU wheel unless a
-# CUDA torch is already importable), triton, and this package with its extras.
+# Every target does its own setup from a bare Python 3, in two layers of one venv: what the
+# commands need (torch, the CPU wheel unless a CUDA torch is already importable; triton; this
+# package), which is all `make demo` installs, then for the tests and benchmarks the package's
+# extras and SGLang's wheel.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,11 +26,18 @@ VLLM_UNPACKED := $(VLLM_VERSIONS:%=$(VLLM_SRC)/%/.unpacked)
 
 .PHONY: setup demo test test-sglang-pins bench lint clean
 
-$(VENV)/.installed: pyproject.toml
+# The commands' layer: no extras, no engine.
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(HAS_CUDA_TORCH),,$(PY) -m pip install -q torch==2.13.0)
 	$(PY) -c 'import triton' 2>/dev/null || $(PY) -m pip install -q triton==3.6.0
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# Order-only on the commands' layer: a venv set up before the layers were split is completed,
+# not rebuilt.
+$(VENV)/.installed: pyproject.toml | $(VENV)/.runtime
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m pip install -q orjson psutil pybase64 requests starlette msgspec pydantic pyzmq ipython aiohttp
 	# Last and without its dependencies: pip checks what is installed only when it resolves
@@ -53,12 +62,13 @@ $(PINS_VENV)/.installed: pyproject.toml
 	$(PINS_PY) -m pip install -q --no-deps sglang==0.5.23
 	touch $@
 
-demo: setup
+demo: $(VENV)/.runtime
 	$(PY) -m dsv4spec.cli demo
 
-# Kernel tests run in Triton's interpreter on CPU (conftest sets it when no GPU is visible).
+# Kernel tests run in Triton's interpreter on CPU (conftest sets it when no GPU is visible); the
+# 25 slowest are listed at the end.
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The plugins and the ops they hook, in Triton's interpreter, on SGLang 0.5.23's torch and Triton
 # (which cover vLLM 0.33.0's and 0.34.0's, see VLLM_VERSIONS). The vLLM plugin's tests run here on

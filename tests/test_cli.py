@@ -1,7 +1,12 @@
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from dsv4spec.cli import BENCHMARKS, COMMANDS, EXIT_USAGE, main
+from dsv4spec.cli import BENCHMARKS, COMMANDS, EXIT_USAGE, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # With a GPU, conftest leaves TRITON_INTERPRET unset, so the kernels are compiled for CUDA and
 # cannot take CPU tensors: the demo then runs on the GPU. Without one (CI) it runs on CPU with the
@@ -51,6 +56,15 @@ def test_help_lists_every_command_and_benchmark_with_its_summary(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "no-such-benchmark"])
     assert exit_.value.code == EXIT_USAGE
+
+
+def test_the_summary_and_the_readme_name_every_command():
+    summary = build_parser().description
+    section = (ROOT / "README.md").read_text().split("## The command line", 1)[1]
+    listed = section.split("\n\n", 2)[1]  # the paragraph listing the commands
+    for name in [*COMMANDS, "bench"]:
+        assert re.search(rf"\b{name}\b", summary), (name, summary)
+        assert f"`{name}" in listed, (name, listed)
 
 
 def test_train_tiny_one_step_writes_a_checkpoint_that_generate_reads(tmp_path, capsys,

@@ -6,6 +6,8 @@ dsv4spec``, about 2 s each for torch's import); the rest of argparse's own refus
 process through ``main``, the same code without the process around it."""
 
 import argparse
+import errno
+import io
 import os
 import signal
 import subprocess
@@ -56,6 +58,8 @@ def cases(folder):
     """(id, argv, exit status, text the one line must contain); ids in IN_PROCESS run through
     ``main`` in this process, the others in a subprocess."""
     out = []
+    fifo = folder / "fifo.safetensors"
+    os.mkfifo(fifo)
     for name, path in bad_checkpoints(folder).items():
         out.append((f"checkpoint: {name}", [*GEN, "--checkpoint", str(path)], 2,
                     f"argument --checkpoint: checkpoint {path}"))
@@ -109,11 +113,28 @@ def cases(folder):
         ("train-tiny out exists", ["train-tiny", "--steps", "1", "--out",
                                    str(folder / "text.safetensors")], 2,
          "argument --out: " + str(folder / "text.safetensors") + " exists; pass --force"),
+        # a rename onto a node replaces the node: with --force too, only a regular file is
+        # replaced (a device is tried without --force only: as root a regression would replace
+        # /dev/null)
+        ("train-tiny out is a FIFO", ["train-tiny", "--steps", "1", "--out", str(fifo)], 2,
+         f"argument --out: {fifo} is not a regular file"),
+        ("train-tiny out is a FIFO, with --force", ["train-tiny", "--steps", "1", "--force",
+                                                    "--out", str(fifo)], 2,
+         f"argument --out: {fifo} is not a regular file"),
+        ("train-tiny out is a device", ["train-tiny", "--steps", "1", "--out", os.devnull], 2,
+         f"argument --out: {os.devnull} is not a regular file"),
         ("unknown command", ["nosuch"], 2, "argument COMMAND: invalid choice: 'nosuch'"),
         ("no command", [], 2, "the following arguments are required: COMMAND"),
         ("unknown benchmark", ["bench", "nosuch"], 2, "argument BENCHMARK: invalid choice"),
+        # the command's own parser refuses what it does not know, naming the command
         ("unknown option", ["generate", "--prompt", "x", "--nosuch"], 2,
-         "unrecognized arguments: --nosuch"),
+         "dsv4spec generate: error: unrecognized arguments: --nosuch (see dsv4spec generate "
+         "--help)"),
+        ("a short option generate lacks", ["generate", "-p", "hi"], 2,
+         "dsv4spec generate: error: unrecognized arguments: -p hi (see dsv4spec generate "
+         "--help)"),
+        ("unknown benchmark option", ["bench", "cleanup", "--nosuch"], 2,
+         "dsv4spec bench cleanup: error: unrecognized arguments: --nosuch"),
     ]
     if not CUDA:
         out += [
@@ -134,8 +155,11 @@ def cases(folder):
 IN_PROCESS = {"max-new-tokens 1.5", "num-draft-tokens 0", f"num-draft-tokens "
               f"{MAX_NUM_DRAFT_TOKENS + 1}", "no prompt", "draft tokens and no-spec",
               "dtype nosuch", "demo device tpu", "train-tiny steps -5", "train-tiny batch-size 0",
-              "train-tiny lr 0", "train-tiny out is a directory", "unknown command",
-              "no command", "unknown benchmark", "unknown option", "demo device cuda without CUDA",
+              "train-tiny lr 0", "train-tiny out is a directory", "train-tiny out is a FIFO",
+              "train-tiny out is a FIFO, with --force", "train-tiny out is a device",
+              "unknown command",
+              "no command", "unknown benchmark", "unknown option", "a short option generate lacks",
+              "unknown benchmark option", "demo device cuda without CUDA",
               "checkpoint: truncated", "checkpoint: unexpected tensor",
               "a lone surrogate in the prompt", "prompt file missing", "prompt file empty",
               "no-spec with the default draft tokens", "checkpoint empty"}
@@ -233,6 +257,18 @@ def test_a_switch_value_that_is_neither_on_nor_off_is_named_in_a_warning_and_is_
                                                                        False)
 
 
+def test_a_switch_is_shown_as_set_and_otherwise_as_what_it_is_taken_as(monkeypatch):
+    from dsv4spec.usage import switch_setting
+
+    name = "DSV4SPEC_TEST_SWITCH"
+    monkeypatch.delenv(name, raising=False)
+    assert switch_setting(name, True) == f"{name} unset: on"
+    for value, shown in (("0", f"{name}=0"), ("No", f"{name}=No"), ("  ", f"{name} empty: on"),
+                         ("maybe", f"{name}='maybe', not a switch value: taken as off")):
+        monkeypatch.setenv(name, value)
+        assert switch_setting(name, True) == shown, value
+
+
 def test_debug_keeps_the_exit_status_of_a_usage_error(capsys):
     assert main(["--debug", "generate", "--prompt", "x", "--device", "tpu"]) == 2
     err = capsys.readouterr().err
@@ -256,6 +292,30 @@ def test_a_full_standard_output_is_named(tmp_path):
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
         "dsv4spec generate: error: cannot write to standard output: No space left on device")
+
+
+class FullStream(io.StringIO):
+    """A standard output on a full disk: every write fails as /dev/full's does."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_help_and_version_on_a_full_standard_output_exit_1_with_one_line(monkeypatch, capsys):
+    for argv in (["--help"], ["--version"], ["generate", "--help"], ["bench", "--help"]):
+        monkeypatch.setattr(sys, "stdout", FullStream())
+        try:
+            main(argv)
+        except SystemExit as e:
+            status = e.code
+        assert status == 1, argv
+        assert capsys.readouterr().err == ("dsv4spec: error: cannot write to standard output: "
+                                           "No space left on device\n"), argv
+    with open("/dev/full", "w") as full:  # the real command, its buffered stdout included
+        res = subprocess.run([sys.executable, "-m", "dsv4spec", "--help"], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=300)
+    assert res.returncode == 1 and res.stderr == (
+        "dsv4spec: error: cannot write to standard output: No space left on device\n")
 
 
 def _default_sigint() -> None:
@@ -285,10 +345,14 @@ def test_memory_the_machine_lacks_names_what_needs_it(monkeypatch, capsys, tmp_p
 
     long_prompt = tmp_path / "long.txt"
     long_prompt.write_bytes(b"x = 1\n" * 150_000)  # 900 kB: its request state and prefill
+    (tmp_path / "short.txt").write_text("y")
     cases = {  # the argument blamed: (budget, flags, message)
         "--preset": (6 * 2**30, ["--prompt", "x", "--preset", "pro-shape", "--dtype", "float64"],
                      "preset pro-shape in float64 does not fit: about "),
-        "--prompt": (400 * 2**20, ["--prompt-file", str(long_prompt)],
+        "--prompt-file": (400 * 2**20, ["--prompt", "x", "--prompt-file", str(long_prompt)],
+                          f"the 900000-byte prompt of {long_prompt} does not fit"),
+        "--prompt": (400 * 2**20, ["--prompt", long_prompt.read_text(), "--prompt-file",
+                                   str(tmp_path / "short.txt")],
                      "a 900000-byte prompt does not fit"),
         "--prefill-chunk": (6 * 2**30, ["--prefill-chunk", "2048", "--prompt-file",
                                         str(long_prompt)],
@@ -305,6 +369,26 @@ def test_memory_the_machine_lacks_names_what_needs_it(monkeypatch, capsys, tmp_p
         assert err.count("\n") == 1 and f"argument {argument}: {text}" in err, err
         shown = f"{budget / 2**30:.1f} GiB" if budget >= 2**30 else f"{budget // 2**20} MiB"
         assert f"cpu has {shown} available" in err, err
+
+
+def test_a_prompt_past_the_context_names_the_argument_it_came_from(monkeypatch, capsys,
+                                                                    tmp_path):
+    import dataclasses
+
+    import dsv4spec.engine.run as run
+
+    small = dataclasses.replace(preset("tiny"), max_position_embeddings=64)
+    monkeypatch.setattr(run, "preset", lambda name: small)
+    (tmp_path / "long.txt").write_text("z" * 100)
+    for flags, text in (
+            (["--prompt", "x" * 100, "--prompt-file", str(tmp_path / "long.txt")],
+             "argument --prompt: a 100-byte prompt is longer than preset tiny's context of 64"),
+            (["--prompt", "x", "--prompt-file", str(tmp_path / "long.txt")],
+             f"argument --prompt-file: the 100-byte prompt of {tmp_path / 'long.txt'} is longer "
+             f"than preset tiny's context of 64")):
+        assert main(["generate", "--device", "cpu", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err, err
 
 
 def test_version_and_module_entry_point(tmp_path):

@@ -1,4 +1,5 @@
-"""The ``dsv4spec`` command: ``demo``, ``generate``, ``train-tiny`` and ``bench <name>``."""
+"""The ``dsv4spec`` command: ``demo``, ``generate``, ``train-tiny``, ``tune`` and
+``bench <name>``."""
 
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _CommandParser(_Parser):
+    """A command's parser: an argument it does not know is its own error, so the message names
+    the command and its help (argparse leaves them to the top-level parser)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
 
 def plain(doc: str | None) -> str:
@@ -111,17 +123,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: only the module of the command (and benchmark) it names is
     imported; every module when ``argv`` is None (help, tests)."""
     command = None if argv is None else _word(argv, 0)
-    parser = _Parser(prog="dsv4spec", description=plain(__doc__), epilog=EPILOG,
-                     formatter_class=_Formatter)
+    parser = _Parser(prog="dsv4spec", epilog=EPILOG, formatter_class=_Formatter,
+                     description=f"The dsv4spec command: {', '.join(COMMANDS)} and bench <name>.")
     parser.add_argument("--version", action="version", version=f"dsv4spec {__version__}")
     _debug_option(parser, False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_CommandParser)
     # None: help, import every command; "" (bench, or a name argparse will refuse): none
     _register(sub, COMMANDS, command if command in COMMANDS or command is None else "")
     bench = sub.add_parser("bench", help="run a benchmark (needs a CUDA GPU)", epilog=EPILOG,
                            formatter_class=_Formatter)
     _debug_option(bench, argparse.SUPPRESS)
-    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK",
+                                     parser_class=_CommandParser)
     chosen = None if argv is None else _word(argv, 1) if command == "bench" else ""
     _register(bench_sub, {k: f"dsv4spec.bench.{m}" for k, m in BENCHMARKS.items()}, chosen,
               _bench_options)
@@ -133,34 +147,67 @@ class StdoutError(OSError):
 
 
 class _NamedStdout:
-    """Standard output whose write errors say it was standard output."""
+    """Standard output whose write errors say it was standard output, and are remembered in
+    ``error`` (argparse's --help and --version ignore them)."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        self.error: OSError | None = None
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except BrokenPipeError as e:
+            self.error = e
             raise
         except OSError as e:
-            raise StdoutError(e.errno, e.strerror) from e
+            self.error = StdoutError(e.errno, e.strerror)
+            raise self.error from e
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except BrokenPipeError as e:
+            self.error = e
             raise
         except OSError as e:
-            raise StdoutError(e.errno, e.strerror) from e
+            self.error = StdoutError(e.errno, e.strerror)
+            raise self.error from e
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed. argparse's own exits stay SystemExit (--help, --version: 0; a bad
+    argument: 2), except that what --help or --version could not write to standard output (a
+    full disk, a closed terminal), which argparse ignores, exits 1 with one line on stderr, and
+    a reader that left exits 141 quietly."""
+    stdout = sys.stdout
+    sys.stdout = named = _NamedStdout(stdout)
+    try:
+        return build_parser(argv).parse_args(argv)
+    except SystemExit:
+        try:
+            named.flush()
+        except OSError:
+            pass  # in named.error
+        if isinstance(named.error, BrokenPipeError):
+            _silence(stdout)
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
+        if named.error is not None:
+            _silence(stdout)
+            print(f"dsv4spec: error: cannot write to standard output: "
+                  f"{named.error.strerror or named.error}", file=sys.stderr)
+            raise SystemExit(EXIT_FAILED) from None
+        raise
+    finally:
+        sys.stdout = stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    args = parse_args(argv)
     prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
     debug = args.debug or env_switch(DEBUG_ENV, False)
     if args.command == "bench":

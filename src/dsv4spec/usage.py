@@ -33,6 +33,18 @@ def env_switch(name: str, default: bool) -> bool:
     return False
 
 
+def switch_setting(name: str, default: bool) -> str:
+    """The environment switch ``name`` as a report shows it: ``NAME=value`` as set, and
+    otherwise what it is taken as (:func:`env_switch`): ``NAME unset: on``, ``NAME empty: on``,
+    ``NAME='maybe', not a switch value: taken as off``."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return f"{name} {'unset' if value is None else 'empty'}: {'on' if default else 'off'}"
+    if value.strip().lower() in ON_VALUES + OFF_VALUES:
+        return f"{name}={value}"
+    return f"{name}={value!r}, not a switch value: taken as off"
+
+
 class UsageError(ValueError):
     """A bad command-line argument (``argument``, e.g. ``"--checkpoint"``) found after parsing:
     a value the model, the engine or this machine cannot serve. The command prints

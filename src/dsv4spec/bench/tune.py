@@ -42,6 +42,7 @@ from dsv4spec import __version__
 from dsv4spec.integrations import tables
 from dsv4spec.integrations.hooks import Spans
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
+from dsv4spec.usage import UsageError
 
 ENGINES = ("sglang", "vllm")
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
@@ -550,7 +551,13 @@ def main(args: argparse.Namespace) -> int:
               f"{len(lines)} with another winner, {real} of them beyond a {TIE:.0%} near-tie")
         return 0
     if args.report:
-        print(report(json.loads(args.report.read_text())), end="")
+        try:
+            text = report(json.loads(args.report.read_text(encoding="utf-8")))
+        except OSError as e:
+            raise UsageError("--report", f"cannot read {args.report}: {e.strerror or e}") from None
+        except ValueError as e:  # not UTF-8, not JSON, or not a tables file (validate's message)
+            raise UsageError("--report", f"{args.report} is not a tables file: {e}") from None
+        print(text, end="")
         return 0
     lines, seconds = plan(hooks, args.quick, args.engine)
     if args.plan:

@@ -113,6 +113,17 @@ def read_prompts(args: argparse.Namespace) -> list[bytes]:
     return prompts
 
 
+def longest_prompt(args: argparse.Namespace) -> tuple[str, str]:
+    """The argument that gave the longest of ``args.prompts`` (``--prompt`` or
+    ``--prompt-file``), and that prompt as a message names it."""
+    i = max(range(len(args.prompts)), key=lambda k: len(args.prompts[k]))
+    size = f"{len(args.prompts[i])}-byte prompt"
+    if i < len(args.prompt):
+        return "--prompt", f"a {size}"
+    path = args.prompt_file[i - len(args.prompt)]
+    return "--prompt-file", f"the {size} of {'standard input' if path == '-' else path}"
+
+
 def _bytes(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -239,8 +250,9 @@ def check_args(args: argparse.Namespace) -> tuple[torch.device, ModelConfig, int
     if max_len > cfg.max_position_embeddings:
         room = cfg.max_position_embeddings - longest - 2 * max(W, 2)
         if room < 1:
-            raise UsageError("--prompt", f"{longest} bytes is longer than preset {args.preset}'s "
-                             f"context of {cfg.max_position_embeddings} tokens")
+            argument, prompt = longest_prompt(args)
+            raise UsageError(argument, f"{prompt} is longer than preset {args.preset}'s context "
+                             f"of {cfg.max_position_embeddings} tokens")
         raise UsageError("--max-new-tokens", f"must be <= {room} for this prompt (preset "
                          f"{args.preset}'s context is {cfg.max_position_embeddings} tokens, the "
                          f"longest prompt takes {longest}), got {args.max_new_tokens}")
@@ -275,8 +287,9 @@ def _memory_refusal(args, parts: dict[str, int], budget: tuple[int, str], device
         hint = f"try --prefill-chunk {smaller[0]}" if smaller else "no chunk size fits"
         return "--prefill-chunk", f"{chunk} tokens per prefill forward do not fit: {head}; {hint}"
     if longest >= args.max_new_tokens:
-        return "--prompt", (f"a {longest}-byte prompt does not fit: {head}; shorten the "
-                            f"prompt or ask for fewer prompts")
+        argument, prompt = longest_prompt(args)
+        return argument, (f"{prompt} does not fit: {head}; shorten the prompt or ask for "
+                          f"fewer prompts")
     return "--max-new-tokens", (f"{args.max_new_tokens} new tokens for {len(args.prompts)} "
                                 f"prompt(s) do not fit: {head}; ask for fewer tokens or prompts")
 

@@ -44,10 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Refuse (:class:`UsageError`) an ``--out`` that is a directory, that exists with its plot
-    unless ``force``, or whose folder cannot be created or written (a temporary file created and
-    removed there) or lacks room for the checkpoint: checked before training, so a refused run
-    writes nothing and a run that trains can save."""
+    """Refuse (:class:`UsageError`) an ``--out`` that is a directory or anything else but a
+    regular file (a device, a FIFO, a socket: ``force`` too, since a rename would replace the node
+    itself), that exists with its plot unless ``force``, or whose folder cannot be created or
+    written (a temporary file created and removed there) or lacks room for the checkpoint:
+    checked before training, so a refused run writes nothing and a run that trains can save."""
     if out.suffix == ".png":
         raise UsageError("--out", f"{out} would be overwritten by its own loss plot; use a "
                          f".safetensors path")
@@ -55,6 +56,9 @@ def check_out(out: Path, force: bool) -> None:
         if path.is_dir():
             raise UsageError("--out", f"{path} is a directory; give a file path such as "
                              f"{path / DEFAULT_OUT}")
+        if path.exists() and not path.is_file():
+            raise UsageError("--out", f"{path} is not a regular file (a device, a FIFO or a "
+                             f"socket), which is never replaced; choose another path")
         if path.exists() and not force:
             raise UsageError("--out", f"{path} exists; pass --force to replace it, or choose "
                              f"another path")

@@ -82,6 +82,20 @@ def test_each_switch_turns_off_only_its_own_hooks(sgl, monkeypatch, switch_off):
         assert current(target).__wrapped__ is sgl.originals[target]
 
 
+@pytest.mark.parametrize("value,shown", [
+    ("0", "DSV4SPEC_SGLANG_MHC=0"), ("Off", "DSV4SPEC_SGLANG_MHC=Off"),
+    ("maybe", "DSV4SPEC_SGLANG_MHC='maybe', not a switch value: taken as off"),
+])
+def test_the_announcement_shows_a_switch_as_it_is_set(sgl, monkeypatch, caplog, value, shown):
+    monkeypatch.setenv("DSV4SPEC_SGLANG_MHC", value)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        sgl.install()
+    (line,) = [r.getMessage() for r in caplog.records if "SGLang plugin on" in r.getMessage()]
+    off = line.split("; off: ", 1)[1].split("; skipped: ", 1)[0]
+    assert off == ", ".join(f"{hook.name} ({shown})" for hook in plugin.HOOKS
+                            if hook.switch == "DSV4SPEC_SGLANG_MHC"), line
+
+
 def test_switch_values(monkeypatch):
     for value, on in (("1", True), ("0", False), ("off", False), ("FALSE", False), ("", True)):
         monkeypatch.setenv("DSV4SPEC_SGLANG_ROLLBACK", value)

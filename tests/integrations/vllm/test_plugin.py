@@ -87,7 +87,28 @@ def test_switches_leave_vllms_functions_untouched(vllm, monkeypatch, caplog, swi
             if not plugin.is_hooked(fn):
                 assert fn is before[module][name]
     assert set(plugin.installed()) == set(left)
-    assert f"{switch}=0" in caplog.text
+    assert f"({switch}={value})" in caplog.text  # as set, not as a canonical 0
+
+
+def test_a_switch_value_that_is_not_one_is_shown_as_set_and_as_taken(vllm, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.MASTER_SWITCH, "maybe")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert register() == []
+    (line,) = [r.getMessage() for r in caplog.records if "vLLM plugin" in r.getMessage()]
+    assert "off: " + ", ".join(f"{hook.name} (DSV4SPEC_VLLM='maybe', not a switch value: taken "
+                               f"as off)" for hook in plugin.HOOKS) + ";" in line, line
+
+
+def test_the_announcement_says_when_vllm_is_not_installed(vllm, monkeypatch, caplog):
+    for version, says in ((None, "vLLM plugin (vLLM is not installed): hooks "),
+                          ("0.34.0", "vLLM plugin on vLLM 0.34.0: hooks ")):
+        monkeypatch.setattr(plugin, "installed_vllm_version", lambda: version)
+        monkeypatch.setattr(plugin, "_announced", False)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            register()
+        (line,) = [r.getMessage() for r in caplog.records if "vLLM plugin" in r.getMessage()]
+        assert says in line and "None" not in line, line
 
 
 def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):

@@ -2,9 +2,10 @@
 
 Supported SGLang versions: 0.5.23.
 
-Installed through the ``sglang.srt.plugins`` entry point ``dsv4spec`` (``pip install
-dsv4spec[sglang]``); SGLang calls :func:`register` in every process. Thirteen AROUND hooks
-under six switches (``0`` turns a switch's hooks off; default on; the list: ``plugin.HOOKS``):
+Installed through the ``sglang.srt.plugins`` entry point ``dsv4spec`` (``pip install`` into
+SGLang's environment, which it leaves as it is: docs/install.md); SGLang calls :func:`register`
+in every process. Thirteen AROUND hooks under six switches (``0`` turns a switch's hooks off;
+default on; the list: ``plugin.HOOKS``):
 
 - ``DSV4SPEC_SGLANG_ROLLBACK``: ``DeepSeekV4TokenToKVPool.clear_unaccepted_c128_draft_states``,
   one fused launch for every C128 state instead of one per layer;

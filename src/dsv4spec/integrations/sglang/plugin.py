@@ -17,7 +17,7 @@ from types import ModuleType
 
 from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, Gate, Hook, switch_on
-from dsv4spec.usage import env_switch
+from dsv4spec.usage import env_switch, switch_setting
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
 
@@ -249,7 +249,7 @@ def register() -> list[str]:
     checked = verdicts()
     for hook in HOOKS:
         if not switched_on(hook):
-            off.append(f"{hook.name} ({hook.switch}=0)")
+            off.append(f"{hook.name} ({switch_setting(hook.switch, True)})")
             continue
         if not installs(checked.get(hook.name)):
             skipped.append(hook.name)
@@ -312,7 +312,8 @@ def verdicts() -> dict[str, manifest.Verdict]:
         logger.warning(
             "dsv4spec: SGLang %s hook %s: the SGLang source it rests on (%s) matches no tested "
             "SGLang (%s): %s%s", verdict.hook, "registered anyway" if allow else "steps aside",
-            root, versions, verdict.reason, f" ({ALLOW_UNTESTED}=1)" if allow else
+            root, versions, verdict.reason,
+            f" ({switch_setting(ALLOW_UNTESTED, False)})" if allow else
             f"; SGLang's own code serves it ({ALLOW_UNTESTED}=1 registers it anyway)")
     for module in MODEL_FILES:
         new = manifest.uncovered(ENGINE_SPEC, root, tested, module)

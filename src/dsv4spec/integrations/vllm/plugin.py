@@ -30,7 +30,7 @@ from typing import Any
 
 from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, Gate, GuardedHook, Hook, switch_on
-from dsv4spec.usage import env_switch
+from dsv4spec.usage import env_switch, switch_setting
 
 logger = logging.getLogger("dsv4spec.integrations.vllm")
 
@@ -241,7 +241,7 @@ def verdicts(module: ModuleType) -> dict[str, manifest.Verdict]:
                 "dsv4spec: vLLM %s hook %s: the vLLM source it rests on (%s) matches no tested "
                 "vLLM (%s): %s%s", verdict.hook,
                 "installed anyway" if allow else "steps aside", root, tested, verdict.reason,
-                f" ({ALLOW_UNTESTED}=1)" if allow else
+                f" ({switch_setting(ALLOW_UNTESTED, False)})" if allow else
                 f"; vLLM's own function serves it ({ALLOW_UNTESTED}=1 installs it anyway)")
     return _verdicts
 
@@ -437,7 +437,8 @@ def _register() -> list[str]:
     off = []
     for hook in HOOKS:
         if not switched_on(hook, master):
-            off.append(f"{hook.name} ({hook.switch if master else MASTER_SWITCH}=0)")
+            off.append(f"{hook.name} "
+                       f"({switch_setting(hook.switch if master else MASTER_SWITCH, True)})")
         elif hook.name not in _guards:
             _guards[hook.name] = hook.make(None)
     patched = []
@@ -471,7 +472,8 @@ def _announce(patched: list[str], off: list[str]) -> None:
         logger.warning("dsv4spec: vLLM %s is not a supported version (%s); hooks are installed "
                        "only where their targets match", version,
                        ", ".join(SUPPORTED_VLLM_VERSIONS))
-    logger.warning("dsv4spec %s vLLM plugin on vLLM %s: hooks %s; off: %s; patched now: %s "
-                   "(the other DeepSeek-V4 modules when imported)", __version__, version,
+    running = "(vLLM is not installed)" if version is None else f"on vLLM {version}"
+    logger.warning("dsv4spec %s vLLM plugin %s: hooks %s; off: %s; patched now: %s "
+                   "(the other DeepSeek-V4 modules when imported)", __version__, running,
                    ", ".join(_guards) or "none", ", ".join(off) or "none",
                    ", ".join(patched) or "nothing")
