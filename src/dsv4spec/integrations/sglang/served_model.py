@@ -21,10 +21,10 @@ One process may serve several models in turn: SGLang's ``publish`` is last-publi
 engine rebuilt in the process after the previous one shut down), and ``use_context`` activates a
 model-owned context from ``create_context``. So the verdict is remembered per published
 server-arguments object, the one the active context holds (``_CONTEXT._server_args``, what
-``get_server_args()`` returns): each hook call reads which that is (two attribute lookups) and
-reuses the verdict read under it, and a new publish or another context is read afresh. Where
-nothing is published the verdict is read at every call and not remembered, unless a model type
-is readable all the same (a stand-in context).
+``get_server_args()`` returns): each hook call reads which that is (a few lookups, no call
+into SGLang) and reuses the verdict read under it, and a new publish or another context is read
+afresh. Where nothing is published the verdict is read at every call and not remembered, unless
+a model type is readable all the same (a stand-in context).
 """
 
 from __future__ import annotations
