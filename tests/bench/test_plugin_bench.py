@@ -41,7 +41,7 @@ def cpu_bench(monkeypatch):
     monkeypatch.setattr(common, "time_eager_side_by_side", timing)
     monkeypatch.setattr(common, "write_results",
                         lambda out, name, record, rows, columns, notes: seen["rows"].extend(rows))
-    monkeypatch.setattr(served_model, "_serves_dsv4", None)
+    monkeypatch.setattr(served_model, "_verdicts", {})
     return seen
 
 
@@ -56,7 +56,7 @@ def test_the_bench_hook_runs_as_under_a_dsv4_server_and_the_context_is_restored(
     assert _run() == 0  # without the context the hook steps aside: "the hook stepped aside"
     assert cpu_bench["fast"] == [True, True]  # the warm-up call, the timed one
     assert "target hook, nn.Parameter" in {r["what"] for r in cpu_bench["rows"]}
-    assert CONTEXT not in sys.modules and served_model._serves_dsv4 is None
+    assert CONTEXT not in sys.modules and served_model._verdicts == {}
     assert not served_model.serves_dsv4()
 
 
@@ -67,17 +67,19 @@ def test_a_loaded_runtime_context_is_answered_for_the_bench_then_given_back(
     context.process_model_config = other
     context.get_platform = object
     monkeypatch.setitem(sys.modules, CONTEXT, context)
-    monkeypatch.setattr(served_model, "_serves_dsv4", False)
+    verdicts = {id(None): (None, False)}  # the other model's, remembered before the bench
+    monkeypatch.setattr(served_model, "_verdicts", verdicts)
     assert _run() == 0
     assert cpu_bench["fast"] == [True, True]  # the warm-up call, the timed one
     assert sys.modules[CONTEXT] is context and context.process_model_config is other
-    assert context.get_platform is object and served_model._serves_dsv4 is False
+    assert context.get_platform is object and served_model._verdicts is verdicts
+    assert verdicts == {id(None): (None, False)} and not served_model.serves_dsv4()
 
 
 def test_serving_dsv4_restores_on_error(monkeypatch):
     monkeypatch.delitem(sys.modules, CONTEXT, raising=False)
-    monkeypatch.setattr(served_model, "_serves_dsv4", None)
+    monkeypatch.setattr(served_model, "_verdicts", {})
     with pytest.raises(KeyError), plugin.serving_dsv4():
         assert served_model.serves_dsv4()
         raise KeyError("x")
-    assert CONTEXT not in sys.modules and served_model._serves_dsv4 is None
+    assert CONTEXT not in sys.modules and served_model._verdicts == {}

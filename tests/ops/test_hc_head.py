@@ -5,6 +5,7 @@ import torch
 
 from dsv4spec.capture import capture_mode
 from dsv4spec.kernels.hc_head import hc_head_triton
+from dsv4spec.ops.checked_params import CheckedParams
 from dsv4spec.ops.hc_head import (
     hc_head,
     hc_head_reference,
@@ -41,8 +42,9 @@ HC_HEAD_OPS = importlib.import_module("dsv4spec.ops.hc_head")  # the name is als
 def _own_checked_params(monkeypatch):
     """Each test starts with an empty remembered-parameter cache: whether a call takes the
     remembered check (and so which branch a test exercises) must not depend on the tests that ran
-    before it, which fill the cache up to CHECKED_PARAMS_LIMIT and then stop remembering."""
-    monkeypatch.setattr(HC_HEAD_OPS, "_CHECKED_PARAMS", {})
+    before it."""
+    monkeypatch.setattr(HC_HEAD_OPS, "_CHECKED_PARAMS",
+                        CheckedParams(HC_HEAD_OPS.CHECKED_PARAMS_LIMIT))
 
 
 # fp32 output: relative error (max |diff| / max |ref|) below 1e-5. Half-precision outputs are
@@ -331,11 +333,12 @@ def test_checked_parameters_are_checked_again_after_new_storage():
     """The parameter checks are remembered per tensor: a weight given new storage of the wrong
     shape or dtype (``param.data = ...``) must still be refused, naming it, before any launch."""
     x, fn, sc, base, nw = make_inputs(2, 8, torch.float32)
-    hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")  # remembered
-    assert len(HC_HEAD_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
     for name, tensor, bad in (("hc_fn", fn, torch.randn(4, 16)),
                               ("hc_base", base, torch.rand(4, dtype=torch.float64)),
                               ("norm_weight", nw, torch.rand(9))):
+        # remembered (a refused weight's entry is dropped)
+        hc_head_rmsnorm(x, fn, sc, base, nw, **EPS, impl="triton")
+        assert len(HC_HEAD_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
         good = tensor.data
         tensor.data = bad
         with pytest.raises(ValueError, match=name):
@@ -545,7 +548,8 @@ def test_parameters_take_the_remembered_check_and_match_plain_tensors(rmsnorm, m
     real_check = hc_head_ops._check_hc_head_inputs
     monkeypatch.setattr(hc_head_ops, "_check_hc_head_inputs",
                         lambda *a: full_checks.append(a) or real_check(*a))
-    monkeypatch.setattr(hc_head_ops, "_CHECKED_PARAMS", {})
+    monkeypatch.setattr(hc_head_ops, "_CHECKED_PARAMS",
+                        CheckedParams(hc_head_ops.CHECKED_PARAMS_LIMIT))
     x, fn, sc, base, nw = make_inputs(3, 64, torch.bfloat16)
     weights = (fn, sc, base, nw) if rmsnorm else (fn, sc, base)
     params = [torch.nn.Parameter(t.clone(), requires_grad=False) for t in weights]

@@ -14,6 +14,7 @@ from dsv4spec.ops import (
     mhc_pre,
     mhc_pre_reference,
 )
+from dsv4spec.ops.checked_params import CheckedParams
 
 MHC_OPS = importlib.import_module("dsv4spec.ops.mhc")
 
@@ -21,9 +22,8 @@ MHC_OPS = importlib.import_module("dsv4spec.ops.mhc")
 @pytest.fixture(autouse=True)
 def _own_checked_params(monkeypatch):
     """Each test starts with an empty remembered-parameter cache: whether a call takes the
-    remembered check must not depend on the tests that ran before it, which fill the cache up to
-    CHECKED_PARAMS_LIMIT and then stop remembering."""
-    monkeypatch.setattr(MHC_OPS, "_CHECKED_PARAMS", {})
+    remembered check must not depend on the tests that ran before it."""
+    monkeypatch.setattr(MHC_OPS, "_CHECKED_PARAMS", CheckedParams(MHC_OPS.CHECKED_PARAMS_LIMIT))
 
 
 ITERS = 20
@@ -528,11 +528,11 @@ def test_post_validation_before_any_write(args, exc, name):
 def test_checked_parameters_are_checked_again_after_new_storage():
     x, fn, sc, base, nw, _ = make_inputs(2, 8, torch.float32)
     kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6, "impl": "triton"}
-    mhc_pre(x, fn, sc, base, **kw)  # remembered
-    assert len(MHC_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
     for name, tensor, bad in (("fn", fn, torch.randn(24, 16)),
                               ("hc_base", base, torch.rand(24, dtype=torch.float64)),
                               ("norm_weight", nw, torch.rand(9))):
+        mhc_pre(x, fn, sc, base, **kw)  # remembered (a refused weight's entry is dropped)
+        assert len(MHC_OPS._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
         good = tensor.data
         tensor.data = bad
         with pytest.raises(ValueError, match=name):

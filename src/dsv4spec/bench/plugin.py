@@ -60,25 +60,27 @@ _MISSING = object()
 def serving_dsv4() -> Iterator[None]:
     """SGLang's runtime context, as the served-model gate reads it, reports a DeepSeek-V4 server
     (``process_model_config().hf_config.model_type == "deepseek_v4"``) inside the block: on the
-    loaded ``sglang.srt.runtime_context`` (a stand-in's) or on a new module where none is loaded.
-    The gate's remembered verdict is emptied on entry; the module, its ``process_model_config``
-    and the verdict are restored on exit."""
+    loaded ``sglang.srt.runtime_context`` (a stand-in's) or on a new module where none is loaded,
+    whose active context holds published arguments as a server's does (the gate reads them at
+    every call). The gate's remembered verdicts are set aside on entry; the module, its
+    ``process_model_config`` and the verdicts are restored on exit."""
     name = served_model.RUNTIME_CONTEXT_MODULE
     context = sys.modules.get(name)
     added = context is None
     if added:
         context = types.ModuleType(name)
+        context._CONTEXT = types.SimpleNamespace(_server_args=types.SimpleNamespace())
         sys.modules[name] = context
     saved = getattr(context, "process_model_config", _MISSING)
-    verdict = served_model._serves_dsv4
+    verdicts = served_model._verdicts
     config = types.SimpleNamespace(
         hf_config=types.SimpleNamespace(model_type=served_model.DSV4_MODEL_TYPE))
     context.process_model_config = lambda: config
-    served_model._serves_dsv4 = None
+    served_model._verdicts = {}
     try:
         yield
     finally:
-        served_model._serves_dsv4 = verdict
+        served_model._verdicts = verdicts
         if saved is _MISSING:
             del context.process_model_config
         else:

@@ -7,6 +7,7 @@ import torch
 
 from dsv4spec.kernels import interpreter_enabled, triton_runs_on
 from dsv4spec.kernels.mhc import HC, mhc_post_pre_triton, mhc_post_triton, mhc_pre_triton
+from dsv4spec.ops.checked_params import CheckedParams
 
 IMPLS = ("auto", "reference", "triton")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -149,12 +150,13 @@ def _check_post(f, residual, post, comb):
     _check_tensor("comb", comb, (T, hc, hc), (torch.float32,), dev)
 
 
-# (ids of fn, hc_scale, hc_base, norm_weight; hc, H, device) -> (those tensors, their addresses).
-# A model's weights are the same tensors call after call: once they pass, a call with the same
-# tensors at the same addresses skips their checks (an eager call is launch-bound). The entry
-# keeps the tensors alive, so their ids cannot be reused; new storage changes the address.
-_CHECKED_PARAMS: dict = {}
+# (ids of fn, hc_scale, hc_base, norm_weight; hc, H, device, dtype) -> (weak references to those
+# tensors, their addresses). A model's weights are the same tensors call after call: once they
+# pass, a call with the same tensors at the same addresses skips their checks (an eager call is
+# launch-bound). An entry goes when one of its tensors dies, so its ids cannot be another
+# tensor's; new storage changes the address (:class:`~dsv4spec.ops.checked_params.CheckedParams`).
 CHECKED_PARAMS_LIMIT = 256
+_CHECKED_PARAMS = CheckedParams(CHECKED_PARAMS_LIMIT)
 
 
 def _params_checked(residual, fn, hc_scale, hc_base, norm_weight) -> bool:
@@ -165,18 +167,20 @@ def _params_checked(residual, fn, hc_scale, hc_base, norm_weight) -> bool:
     if entry is None:
         return False
     a = entry[1]
-    return (fn.data_ptr() == a[0] and hc_scale.data_ptr() == a[1] and hc_base.data_ptr() == a[2]
-            and (norm_weight is None or norm_weight.data_ptr() == a[3]))
+    if (fn.data_ptr() == a[0] and hc_scale.data_ptr() == a[1] and hc_base.data_ptr() == a[2]
+            and (norm_weight is None or norm_weight.data_ptr() == a[3])):
+        return True
+    # moved: checked in full, and the old address must not pass should new storage land there
+    _CHECKED_PARAMS.forget(key)
+    return False
 
 
 def _remember_params(residual, fn, hc_scale, hc_base, norm_weight) -> None:
-    if len(_CHECKED_PARAMS) >= CHECKED_PARAMS_LIMIT:
-        return
     _, hc, H = residual.shape
     key = (id(fn), id(hc_scale), id(hc_base), id(norm_weight), hc, H, residual.device,
            residual.dtype)
     tensors = (fn, hc_scale, hc_base) + (() if norm_weight is None else (norm_weight,))
-    _CHECKED_PARAMS[key] = (tensors, tuple(t.data_ptr() for t in tensors))
+    _CHECKED_PARAMS.remember(key, tensors)
 
 
 def _pre_inputs_ok(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult,

@@ -94,7 +94,7 @@ def launches(monkeypatch):
 def serves(monkeypatch):
     """``serves(model_type)``: SGLang's runtime context (the stand-in's, or a new module where
     none is loaded) reports that model as served (None: not published); the hooks' remembered
-    verdict is emptied."""
+    verdicts are emptied."""
     def serve(model_type: str | None = served_model.DSV4_MODEL_TYPE) -> None:
         context = sys.modules.get(standins.RUNTIME_CONTEXT_MOD)
         if context is None:
@@ -102,7 +102,7 @@ def serves(monkeypatch):
             monkeypatch.setitem(sys.modules, standins.RUNTIME_CONTEXT_MOD, context)
         monkeypatch.setattr(context, "process_model_config", None, raising=False)
         standins.serve_model(context, model_type)
-        monkeypatch.setattr(served_model, "_serves_dsv4", None)
+        monkeypatch.setattr(served_model, "_verdicts", {})
 
     return serve
 

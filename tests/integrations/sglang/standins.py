@@ -471,6 +471,51 @@ def serve_model(context: types.ModuleType, model_type: str | None = "deepseek_v4
     context.process_model_config = process_model_config
 
 
+RUNTIME_CONTEXT_FILE = "srt/runtime_context.py"
+ARG_GROUPS_MOD = "sglang.srt.arg_groups"
+# SGLang's own files the runtime context imports: (file, dotted name), in import order
+ARG_GROUPS_FILES = (
+    ("srt/arg_groups/prefill_buffer_ceiling.py", f"{ARG_GROUPS_MOD}.prefill_buffer_ceiling"),
+    ("srt/arg_groups/arg_utils.py", f"{ARG_GROUPS_MOD}.arg_utils"),
+    ("srt/arg_groups/fields/parallel.py", f"{ARG_GROUPS_MOD}.fields.parallel"),
+)
+
+
+def runtime_context_module() -> types.ModuleType:
+    """SGLang's own ``srt/runtime_context.py`` at its dotted path, executed by path: its
+    ``RuntimeContext.set_server_args`` (what ``publish`` and ``create_context`` install the
+    arguments with), ``use_context``, ``reset_context``, ``get_server_args`` and
+    ``process_model_config`` run as SGLang's.
+
+    The ``arg_groups`` files it imports are SGLang's own too (:data:`ARG_GROUPS_FILES`), but for
+    ``arg_groups.overrides``, stood in here: ``resolution_result`` answers the field as given,
+    ``model_config_of`` the ``ModelConfig`` memoised on the arguments, as SGLang's returns it once
+    built, and ``resolved_view`` is the arguments (imported, not called: :class:`ServerArgs`
+    declares no config namespaces, so a publish projects no bags). ``publish`` itself also
+    places ranks in the parallel topology, which needs SGLang's resolved configuration; the tests
+    publish with ``set_server_args``."""
+    for package in (ARG_GROUPS_MOD, f"{ARG_GROUPS_MOD}.fields"):
+        add_module(package, types.ModuleType(package)).__path__ = []
+    for relpath, name in ARG_GROUPS_FILES:
+        add_module(name, load_sglang_module(relpath, name=name))
+    overrides = add_module(f"{ARG_GROUPS_MOD}.overrides",
+                           types.ModuleType(f"{ARG_GROUPS_MOD}.overrides"))
+    overrides.resolution_result = (
+        lambda server_args, field, default=None: getattr(server_args, field, default))
+    overrides.model_config_of = lambda server_args: server_args._model_config
+    overrides.resolved_view = lambda server_args: server_args
+    return add_module(RUNTIME_CONTEXT_MOD,
+                      load_sglang_module(RUNTIME_CONTEXT_FILE, name=RUNTIME_CONTEXT_MOD))
+
+
+class ServerArgs:
+    """Server arguments to publish, as far as the hooks read them: the memoised ``ModelConfig``
+    of a server of ``model_type``."""
+
+    def __init__(self, model_type: str) -> None:
+        self._model_config = model_config(model_type)
+
+
 def set_topk_backends(topk_backend: str, draft_topk_backend: str) -> None:
     """The DSA top-k backends the stand-in runtime context publishes (target, draft)."""
     context = sys.modules[RUNTIME_CONTEXT_MOD]

@@ -65,7 +65,7 @@ def fake(monkeypatch):
         context = standins.add_module(standins.RUNTIME_CONTEXT_MOD,
                                       types.ModuleType(standins.RUNTIME_CONTEXT_MOD))
         standins.serve_model(context)  # DeepSeek-V4, as SGLang's context reports it
-        monkeypatch.setattr(served_model, "_serves_dsv4", None)
+        monkeypatch.setattr(served_model, "_verdicts", {})
         module = standins.add_module(standins.BACKEND_MOD, standins.draft_backend_module())
         original = module.DeepseekV4MultiStepBackend.init_forward_metadata_in_graph
         hook = _hook_entry()

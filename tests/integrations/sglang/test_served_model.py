@@ -36,11 +36,16 @@ def spy():
     return calls, served_model.only_for_dsv4(fast)
 
 
+def remembered():
+    """The verdicts the gate remembers, oldest first."""
+    return [verdict for _, verdict in served_model._verdicts.values()]
+
+
 def test_dsv4_runs_the_fast_path(serves):
     serves("deepseek_v4")
     calls, gated = spy()
     assert gated(1, 2) == "ours" and calls == [(1, 2)]
-    assert served_model._serves_dsv4 is True  # remembered
+    assert remembered() == [True]
 
 
 @pytest.mark.parametrize("model_type", OTHER_MODELS)
@@ -50,7 +55,7 @@ def test_other_models_step_aside_with_one_warning(serves, caplog, model_type):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert gated(1) is STEP_ASIDE and gated(2) is STEP_ASIDE
     assert calls == []
-    assert served_model._serves_dsv4 is False
+    assert remembered() == [False]
     said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(said) == 1 and repr(model_type) in said[0]
 
@@ -58,7 +63,7 @@ def test_other_models_step_aside_with_one_warning(serves, caplog, model_type):
 def test_unpublished_configuration_steps_aside_and_asks_again(serves):
     serves(None)  # process_model_config() raises, as before SGLang publishes its arguments
     calls, gated = spy()
-    assert gated() is STEP_ASIDE and calls == [] and served_model._serves_dsv4 is None
+    assert gated() is STEP_ASIDE and calls == [] and remembered() == []
     standins.serve_model(sys.modules[standins.RUNTIME_CONTEXT_MOD])
     assert gated() == "ours" and len(calls) == 1
 
@@ -75,20 +80,20 @@ def test_published_but_unreadable_is_remembered_with_one_warning(serves, monkeyp
         raise OSError("config.json unreadable")
 
     monkeypatch.setattr(context, "process_model_config", broken)
-    monkeypatch.setattr(context, "get_server_args", lambda: types.SimpleNamespace(),
-                        raising=False)
+    published = types.SimpleNamespace(_server_args=types.SimpleNamespace())
+    monkeypatch.setattr(context, "_CONTEXT", published, raising=False)
     calls, gated = spy()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert gated() is STEP_ASIDE and gated() is STEP_ASIDE
-    assert calls == [] and asked == [1] and served_model._serves_dsv4 is False
+    assert calls == [] and asked == [1] and remembered() == [False]
     assert len([r for r in caplog.records if r.name == LOGGER]) == 1
 
 
 def test_without_sglang_runtime_context_steps_aside(monkeypatch):
     monkeypatch.delitem(sys.modules, standins.RUNTIME_CONTEXT_MOD, raising=False)
-    monkeypatch.setattr(served_model, "_serves_dsv4", None)
+    monkeypatch.setattr(served_model, "_verdicts", {})
     calls, gated = spy()
-    assert gated() is STEP_ASIDE and calls == [] and served_model._serves_dsv4 is None
+    assert gated() is STEP_ASIDE and calls == [] and remembered() == []
 
 
 @pytest.mark.parametrize("model_type", [None, 4, ["deepseek_v4"]])
@@ -118,18 +123,28 @@ def test_every_installed_hook_is_gated(sgl):
         assert hook.fast.__code__ is gate, f"{hook.name} is not gated on the served model"
 
 
-def hc_head_and_rollback_calls(sgl):
-    """SGLang's call counts after one rollback and one target and draft hc_head each, calls the
-    DSV4 tests give to ours (the target's table filled for the test width)."""
-    sgl.install()
+def hooked_calls(sgl):
+    """For installed hooks: a function that makes one rollback and one target and draft hc_head
+    call each, calls the DSV4 tests give to ours (the target's table filled for the test width),
+    and returns SGLang's call counts so far."""
     pool = kv_pool(sgl)
-    check(pool, *batch())
     target = sgl.target.DeepseekV4Model(norm_eps=NORM_EPS, hc_eps=HC_EPS)
     draft = sgl.nextn.DeepseekV4ModelNextN(rms_norm_eps=NORM_EPS, hc_eps=HC_EPS)
     x, *weights = make_inputs(3, 40, torch.bfloat16)
-    target.hc_head(x, *weights)
-    draft.hc_head(x, *weights)
-    return [sgl.originals[t].calls for t in (ROLLBACK, TARGET, DRAFT)]
+
+    def calls():
+        check(pool, *batch())
+        target.hc_head(x, *weights)
+        draft.hc_head(x, *weights)
+        return [sgl.originals[t].calls for t in (ROLLBACK, TARGET, DRAFT)]
+
+    return calls
+
+
+def hc_head_and_rollback_calls(sgl):
+    """SGLang's call counts after one rollback and one target and draft hc_head each."""
+    sgl.install()
+    return hooked_calls(sgl)()
 
 
 @pytest.mark.parametrize("model_type", OTHER_MODELS + [None])
@@ -141,6 +156,83 @@ def test_other_models_keep_sglang_hc_head_and_rollback(sgl, serves, measured_tab
 
 def test_dsv4_gives_the_same_calls_to_ours(sgl, measured_table):  # noqa: F811
     assert hc_head_and_rollback_calls(sgl) == [0, 0, 0]
+
+
+# --- one process, several engines: SGLang's own runtime context -------------------------------
+
+
+@pytest.fixture
+def sglang_context(sgl, monkeypatch):
+    """SGLang's own runtime context (:func:`standins.runtime_context_module`) in place of the
+    stand-in one, nothing published yet; the gate's remembered verdicts emptied."""
+    pytest.importorskip("msgspec")  # SGLang's runtime_context.py imports it
+    context = standins.runtime_context_module()
+    monkeypatch.setattr(served_model, "_verdicts", {})
+    return context
+
+
+def publish(context, model_type):
+    """Publish arguments for a server of ``model_type`` into SGLang's process context, as
+    ``publish`` does after resolving them (last publish wins); returns them."""
+    server_args = standins.ServerArgs(model_type)
+    context.get_context().set_server_args(server_args)
+    assert context.get_server_args() is server_args
+    return server_args
+
+
+def step_aside_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == LOGGER and "every dsv4spec hook steps aside" in r.getMessage()]
+
+
+def test_the_hooks_follow_each_engine_sglang_publishes(sgl, sglang_context, measured_table,  # noqa: F811
+                                                       caplog):
+    """A DeepSeek-V4 engine, then a GLM-5-next engine rebuilt in the same process, then a
+    DeepSeek-V4 one again: the hooks run ours, step aside (SGLang's own code runs, one warning
+    for the GLM-5-next engine however many calls), then run ours again."""
+    sgl.install()
+    calls = hooked_calls(sgl)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert calls() == [1, 1, 1]  # nothing published: not known to be DeepSeek-V4
+        publish(sglang_context, "deepseek_v4")
+        assert calls() == [1, 1, 1]
+        publish(sglang_context, "glm5_next")
+        assert calls() == [2, 2, 2] and calls() == [3, 3, 3]
+        publish(sglang_context, "deepseek_v4")
+        assert calls() == [3, 3, 3]
+    said = step_aside_warnings(caplog)
+    assert len(said) == 1 and "'glm5_next'" in said[0]
+
+
+def test_the_gate_follows_the_active_context(sglang_context, caplog):
+    """``use_context`` activates a model-owned context (``create_context``'s) and gives the
+    process one back: the gate answers for whichever is active, warns once for the GLM-5-next
+    context however often it is switched to, and steps aside once the context is reset."""
+    publish(sglang_context, "deepseek_v4")
+    glm = sglang_context.RuntimeContext(parallel=sglang_context.ParallelContext())
+    glm.set_server_args(standins.ServerArgs("glm5_next"))
+    calls, gated = spy()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for step in range(2):
+            assert gated(step) == "ours"
+            with sglang_context.use_context(glm):
+                assert gated(-1) is STEP_ASIDE
+        assert gated(2) == "ours"
+        sglang_context.reset_context()
+        assert gated(-1) is STEP_ASIDE
+    assert calls == [(0,), (1,), (2,)]
+    said = step_aside_warnings(caplog)
+    assert len(said) == 1 and "'glm5_next'" in said[0]
+
+
+def test_the_remembered_verdicts_are_bounded(sglang_context):
+    """Engine after engine, the gate remembers the newest few verdicts, not every engine's."""
+    calls, gated = spy()
+    for _ in range(served_model.VERDICTS_LIMIT + 3):
+        publish(sglang_context, "deepseek_v4")
+        assert gated() == "ours"
+    assert remembered() == [True] * served_model.VERDICTS_LIMIT
+    assert len(calls) == served_model.VERDICTS_LIMIT + 3
 
 
 # --- SGLang's source: what the check reads -------------------------------------------------------

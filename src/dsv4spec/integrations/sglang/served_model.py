@@ -12,12 +12,19 @@ logits metadata). The measurements and the arguments are for DeepSeek-V4 alone.
 The served model is read from the HF config's ``model_type`` (``"deepseek_v4"``; DSV4.1's is
 ``"deepseek_v41"``, GLM-5-next's ``"glm5_next"``), not the architecture name, through
 ``sglang.srt.runtime_context.process_model_config()``: SGLang's own accessor for the process's
-``ModelConfig``, built once from the published server arguments and memoised on them, which
-SGLang's layers call at run time too (``srt/layers/attention/dsa/utils.py``). Nothing is imported:
-a process that has not loaded SGLang's runtime context, or where the config is not readable yet
-(not published), is not known to serve DeepSeek-V4, and the hooks step aside; the verdict is
-remembered once read, or once the server arguments are published, since the served model is
-fixed at server start.
+``ModelConfig``, built from the published server arguments and memoised on them, which SGLang's
+layers call at run time too (``srt/layers/attention/dsa/utils.py``). Nothing is imported: a
+process that has not loaded SGLang's runtime context, or where the config is not readable yet
+(not published), is not known to serve DeepSeek-V4, and the hooks step aside.
+
+One process may serve several models in turn: SGLang's ``publish`` is last-publish-wins (an
+engine rebuilt in the process after the previous one shut down), and ``use_context`` activates a
+model-owned context from ``create_context``. So the verdict is remembered per published
+server-arguments object, the one the active context holds (``_CONTEXT._server_args``, what
+``get_server_args()`` returns): each hook call reads which that is (a few lookups, no call
+into SGLang) and reuses the verdict read under it, and a new publish or another context is read
+afresh. Where nothing is published the verdict is read at every call and not remembered, unless
+a model type is readable all the same (a stand-in context).
 """
 
 from __future__ import annotations
@@ -37,7 +44,11 @@ logger = logging.getLogger("dsv4spec.integrations.sglang")
 DSV4_MODEL_TYPE = "deepseek_v4"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 
-_serves_dsv4: bool | None = None  # the verdict, once the model type was read
+# id(published server arguments) -> (those arguments, the verdict read under them). The entry
+# holds the arguments, so their id is not reused while it exists; a handful of engines a process
+# switches between stay remembered (and warned about once each), the oldest dropped past the limit.
+_verdicts: dict[int, tuple[object, bool]] = {}
+VERDICTS_LIMIT = 8
 
 
 def served_model_type() -> str | None:
@@ -53,37 +64,46 @@ def served_model_type() -> str | None:
     return model_type if isinstance(model_type, str) else None
 
 
-def _published() -> bool:
-    """Whether SGLang has published its server arguments (``get_server_args()`` raises before)."""
-    try:
-        return sys.modules[RUNTIME_CONTEXT_MODULE].get_server_args() is not None
-    except Exception:  # noqa: BLE001 - not published, or not SGLang's context
-        return False
-
-
 def serves_dsv4() -> bool:
-    """Whether SGLang serves DeepSeek-V4 (``model_type == "deepseek_v4"``) in this process.
+    """Whether SGLang serves DeepSeek-V4 (``model_type == "deepseek_v4"``) in this process, for
+    the server arguments published now.
 
-    False where it cannot be read: asked again at the next call while SGLang has not published
-    its server arguments, remembered once they are published (then an unreadable model type is
-    not DeepSeek-V4, and the model config is not rebuilt at every call); remembered once read.
+    Remembered per published arguments: the object SGLang's active runtime context holds (the
+    last ``publish``, or the context ``use_context`` activated). False where the model type cannot
+    be read: asked again at the next call while nothing is published; once arguments
+    are published, remembered for them (an unreadable model type is not DeepSeek-V4, and the
+    model config is not rebuilt at every call).
     """
-    global _serves_dsv4
-    if _serves_dsv4 is not None:
-        return _serves_dsv4
+    # The arguments the active context holds (what ``get_server_args()`` returns, None where
+    # nothing is published), read inline: this runs at every hook call. Every SGLang server has
+    # loaded its runtime context, so the except clause is for processes without one.
+    try:
+        published = sys.modules[RUNTIME_CONTEXT_MODULE]._CONTEXT._server_args
+    except (KeyError, AttributeError):
+        published = None
+    entry = _verdicts.get(id(published))
+    if entry is not None:
+        return entry[1]
+    return _read_verdict(published)
+
+
+def _read_verdict(published: object | None) -> bool:
     model_type = served_model_type()
     if model_type is None:
-        if not _published():
+        if published is None:
             return False
-        _serves_dsv4 = False
+        verdict = False
         logger.warning("dsv4spec: SGLang's model config does not say which model it serves: "
                        "every dsv4spec hook steps aside and SGLang's own code runs")
-        return False
-    _serves_dsv4 = model_type == DSV4_MODEL_TYPE
-    if not _serves_dsv4:
-        logger.warning("dsv4spec: SGLang serves model_type %r, not %r: every dsv4spec hook steps "
-                       "aside and SGLang's own code runs", model_type, DSV4_MODEL_TYPE)
-    return _serves_dsv4
+    else:
+        verdict = model_type == DSV4_MODEL_TYPE
+        if not verdict:
+            logger.warning("dsv4spec: SGLang serves model_type %r, not %r: every dsv4spec hook "
+                           "steps aside and SGLang's own code runs", model_type, DSV4_MODEL_TYPE)
+    if len(_verdicts) >= VERDICTS_LIMIT:
+        _verdicts.pop(next(iter(_verdicts)), None)
+    _verdicts[id(published)] = (published, verdict)
+    return verdict
 
 
 def only_for_dsv4(fast: Callable[..., Any]) -> Callable[..., Any]:
