@@ -107,8 +107,12 @@ def test_derive_rewrites_the_ranges_and_writes_the_architecture_file(tmp_path, c
     assert "not a device file" in capsys.readouterr().err
     other = tmp_path / "NVIDIA_H100.triton3.8.json"
     other.write_text(tables.dumps({**data, "device": "NVIDIA H100"}))
+    before = tables.dumps(data)  # extended ranges again: a failed run rewrites none
+    path.write_text(before)
     assert cli.main(["tune", "--derive", str(path), str(other)]) == cli.EXIT_USAGE
-    assert "both derive sm_90.triton3.8.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "both derive sm_90.triton3.8.json" in err and "nothing was written" in err
+    assert path.read_text() == before
 
 
 def test_bisection_refines_only_where_the_winner_changes():

@@ -339,8 +339,9 @@ def architecture_file_name(device_file: str, data: dict) -> str:
 
 def derive(paths: list[Path]) -> list[Path]:
     """``--derive``: each device file's ranges re-derived in place, and its architecture file
-    written beside it; the paths written."""
-    written, targets = [], {}
+    written beside it; the paths written. Every file is derived and checked before any is
+    written."""
+    out, targets = {}, {}
     for path in paths:
         data = json.loads(path.read_text())
         tables.validate(data)
@@ -349,14 +350,13 @@ def derive(paths: list[Path]) -> list[Path]:
             raise ValueError(f"{path} and {targets[target]} both derive {target.name}: one "
                              "device file per architecture and stack")
         targets[target] = path
-        fresh = respanned(data)
-        arch = architecture_file(fresh, path.name)
-        tables.validate(fresh)
-        tables.validate(arch)
-        _write_json(path, fresh)
-        _write_json(target, arch)
-        written += [path, target]
-    return written
+        out[path] = respanned(data)
+        out[target] = architecture_file(out[path], path.name)
+        tables.validate(out[path])
+        tables.validate(out[target])
+    for path, data in out.items():
+        _write_json(path, data)
+    return list(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,7 +654,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             written = derive(args.derive)
         except (OSError, ValueError) as e:
-            print(f"dsv4spec tune: error: {e}; nothing more was written", file=sys.stderr)
+            print(f"dsv4spec tune: error: {e}; nothing was written", file=sys.stderr)
             return EXIT_USAGE
         print("\n".join(f"wrote {p}" for p in written))
         return 0
