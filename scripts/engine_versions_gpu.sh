@@ -98,7 +98,7 @@ EOF
         2>/dev/null || cp src/dsv4spec/integrations/tables/NVIDIA_H200.json \
         "$OUT/tables/NVIDIA_H200.triton$stack.json"
       step "tune --hooks dspark_hc_head (Triton $stack)"
-      $PY -m dsv4spec.cli tune --engine sglang --hooks dspark_hc_head --out-dir "$OUT/tables" \
+      $PY -m dsv4spec.cli tune --engine sglang --hooks dspark_hc_head --out-dir "$OUT/tables" --force \
         2>&1 | tee "$OUT/tune_dspark_triton$stack.log" | tail -15
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     tests)

@@ -27,6 +27,94 @@ def test_spans_cover_up_to_the_next_measured_point_never_beyond_the_last():
     assert tune.spans_from_points({}) == ()
 
 
+def test_spans_stop_at_the_next_planner_switch():
+    # mhc_post's tiling changes at 3, 9 and 33 tokens: 1 covers 1-2, 16 covers 16-32
+    assert tune.spans_from_points({1: True, 16: True, 64: False}, (3, 9, 33)) == (
+        (1, 2), (16, 32))
+    # a switch measured on both sides: each side's winner covers its own side
+    assert tune.spans_from_points({4: True, 5: True, 8: False}, (5,)) == ((4, 7),)
+    assert tune.spans_from_points({4: True, 5: False, 8: True}, (5,)) == ((4, 4), (8, 8))
+    assert tune.spans_from_points({4: True}, (2, 3)) == ((4, 4),)  # switches below: none
+
+
+@pytest.mark.parametrize("engine", tune.ENGINES)
+def test_the_full_grid_measures_both_sides_of_every_planner_switch(engine):
+    for hook, g in tune.ENGINE_GRIDS[engine].items():
+        points = g.points(False)
+        top = max(c for _, c in points)
+        for key in g.keys:
+            counts = {c for k, c in points if k == key}
+            for s in tune.plans.tiling_switches(engine, hook, key, top):
+                assert {s - 1, s} <= counts, (engine, hook, key, s)
+        assert set(g.points(True)) == {(k, c) for k in g.quick_keys for c in g.quick_counts}
+    vllm = tune.VLLM_GRIDS
+    assert {(7168, 511), (7168, 512)} <= set(vllm["mhc_fused_post_pre"].points(False))  # token rows
+    assert {(4096, 127), (4096, 128)} <= set(vllm["mhc_pre"].points(False))  # tensor cores
+    assert {(4096, 447), (4096, 448)} <= set(tune.GRIDS["target_hc_head"].points(False))
+
+
+def test_the_packaged_tables_are_what_derive_writes():
+    """Each packaged device file's ranges are its points by tune's rule, and the architecture
+    file beside it is derived from those points (ours where it won by 1.25x or more): `dsv4spec
+    tune --derive` on the packaged device files changes nothing."""
+    devices = sorted(p for p in tables.PACKAGED_DIR.glob("*.json") if not p.name.startswith("sm_"))
+    architecture_files = sorted(p for p in tables.PACKAGED_DIR.glob("sm_*.json"))
+    derived = []
+    for path in devices:
+        data = json.loads(path.read_text())
+        assert tune.respanned(data) == data, f"{path.name}: ranges not derived from its points"
+        target = tables.PACKAGED_DIR / tune.architecture_file_name(path.name, data)
+        assert json.loads(target.read_text()) == tune.architecture_file(data, path.name), (
+            f"{target.name} is not what {path.name} derives")
+        derived.append(target)
+    assert sorted(derived) == architecture_files  # one device file each, none underived
+
+
+def test_an_architecture_file_serves_only_clear_wins():
+    data = {"format": 1, "device": DEVICE, "architecture": "sm_90",
+            "measured": {"triton": "3.6.0", "sm_count": 132},
+            "engines": {"sglang": {"mhc_post": tune.entry_from_points(tune.GRIDS["mhc_post"], {
+                7168: {16: {"graph": [1.0, 1.2], "eager": [1.0, 1.3]},
+                       32: {"graph": [1.0, 2.0], "eager": [1.0, 1.25]}}})}}}
+    arch = tune.architecture_file(data, "NVIDIA_Test_GPU.json")
+    entry = tables.validate(arch)["sglang"]["mhc_post"]
+    assert entry["graph"] == {7168: ((32, 32),)} and entry["eager"] == {7168: ((16, 32),)}
+    assert arch["device"] is None and arch["derived"] == {
+        "device": DEVICE, "file": "NVIDIA_Test_GPU.json", "margin": 1.25}
+    assert tables.validate(data)["sglang"]["mhc_post"]["graph"] == {7168: ((16, 32),)}
+    with pytest.raises(ValueError, match="not a device file"):
+        tune.architecture_file(arch, "sm_90.json")
+    del data["measured"]["sm_count"]
+    with pytest.raises(ValueError, match="sm_count"):
+        tune.architecture_file(data, "NVIDIA_Test_GPU.json")
+
+
+def test_derive_rewrites_the_ranges_and_writes_the_architecture_file(tmp_path, capsys):
+    shipped = tables.PACKAGED_DIR / "NVIDIA_H200.triton3.8.json"
+    path = tmp_path / shipped.name
+    data = json.loads(shipped.read_text())
+    data["engines"]["sglang"]["mhc_post"]["graph"] = {"7168": [[1, 16384]]}  # extended
+    path.write_text(tables.dumps(data))
+    assert cli.main(["tune", "--derive", str(path)]) == 0
+    assert capsys.readouterr().out.split() == ["wrote", str(path), "wrote",
+                                               str(tmp_path / "sm_90.triton3.8.json")]
+    assert path.read_text() == shipped.read_text()
+    assert (tmp_path / "sm_90.triton3.8.json").read_text() == (
+        tables.PACKAGED_DIR / "sm_90.triton3.8.json").read_text()
+    # an architecture file derives nothing; two device files of one stack one file
+    assert cli.main(["tune", "--derive", str(tmp_path / "sm_90.triton3.8.json")]) == (
+        cli.EXIT_USAGE)
+    assert "not a device file" in capsys.readouterr().err
+    other = tmp_path / "NVIDIA_H100.triton3.8.json"
+    other.write_text(tables.dumps({**data, "device": "NVIDIA H100"}))
+    before = tables.dumps(data)  # extended ranges again: a failed run rewrites none
+    path.write_text(before)
+    assert cli.main(["tune", "--derive", str(path), str(other)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "both derive sm_90.triton3.8.json" in err and "nothing was written" in err
+    assert path.read_text() == before
+
+
 def test_bisection_refines_only_where_the_winner_changes():
     won = {1: (True,), 16: (True,), 64: (False,), 256: (False,)}
     depth = {}
@@ -82,8 +170,10 @@ def test_written_entries_serve_ours_exactly_at_the_points_it_won():
             for mode in ("graph", "eager"):
                 ours, engine = result[mode]
                 assert tables.served(read, key, count, mode == "graph") == (ours < engine)
-    assert read["graph"] == {4096: ((1, 63),), 7168: ()}  # 7168: a tie is SGLang's
-    assert read["eager"] == {4096: ((16, 64),), 7168: ((1, 1),)}
+    # mhc_post's tiling changes at 3, 9, 33 and 129 tokens: a win covers its own side only
+    assert tune.plans.tiling_switches("sglang", "mhc_post", 4096, 64) == (3, 9, 33)
+    assert read["graph"] == {4096: ((1, 2), (16, 32)), 7168: ()}  # 7168: a tie is SGLang's
+    assert read["eager"] == {4096: ((16, 32), (64, 64)), 7168: ((1, 1),)}
     assert read["points"]["graph"]["4096"][0] == [1, 1.0, 2.0]
 
 
@@ -123,7 +213,8 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(tune, "environment", lambda: {
-        "device": DEVICE, "dsv4spec": "0", "torch": "t", "triton": "3.6.0", "cuda": "13"})
+        "device": DEVICE, "dsv4spec": "0", "torch": "t", "triton": "3.6.0", "cuda": "13",
+        "sm_count": 132})
     monkeypatch.setattr(tune, "Measure", FakeMeasure)
     monkeypatch.setattr(tune, "_sglang_version", lambda: "0.5.23")
     FakeMeasure.calls, FakeMeasure.stop_at = [], None
@@ -149,18 +240,22 @@ def test_an_interrupted_run_resumes_and_the_plugins_read_its_file(fake_gpu, monk
     assert not path.with_name(path.name + ".partial").exists()
     data = json.loads(path.read_text())
     assert set(data["engines"]["sglang"]) == {"mhc_post", metadata.EXPAND}
+    assert data["measured"]["sm_count"] == 132
     post = tables.validate(data)["sglang"]["mhc_post"]
-    # coarse 1, 4, 16, 64 ... bisected between 16 (won) and 64 (lost): 32, 23, 19 (won), and
-    # 19 covers 20-22, up to the next measured point
-    assert post["graph"][7168] == ((1, 22),) and post["eager"][7168] == ()
-    assert {c for h, k, c in FakeMeasure.calls if h == "mhc_post" and k == 7168} >= {19, 23, 32}
+    # coarse 1, 4, 16, 64 ... and both sides of mhc_post's planner switches (2-3, 8-9, 32-33,
+    # 128-129), bisected between 16 (won) and 32 (lost): 23, 19 (won), 21; 19 covers 19-20, up
+    # to the next measured point
+    assert post["graph"][7168] == ((1, 20),) and post["eager"][7168] == ()
+    post_counts = {c for h, k, c in FakeMeasure.calls if h == "mhc_post" and k == 7168}
+    assert post_counts >= {2, 3, 8, 9, 19, 21, 23, 32, 33, 128, 129}
     # the plugins prefer the user file for this device and decide from it
     tables.clear_cache()
     monkeypatch.setattr(tables, "_device_name", lambda arch: DEVICE)
+    monkeypatch.setattr(tables, "_device_sm_count", lambda arch: 132)
     for table in PLUGIN_TABLES:
         table.reload()
-    assert mhc.prefers_dsv4spec("mhc_post", 22, 7168, True, (9, 0))
-    assert not mhc.prefers_dsv4spec("mhc_post", 23, 7168, True, (9, 0))
+    assert mhc.prefers_dsv4spec("mhc_post", 20, 7168, True, (9, 0))
+    assert not mhc.prefers_dsv4spec("mhc_post", 21, 7168, True, (9, 0))
     assert mhc.SGLANG_MHC_POST_FASTER.sources[(9, 0)] == path
     assert metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, True, (9, 0))
     assert not metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, False, (9, 0))
@@ -416,15 +511,17 @@ def test_vllm_hooks_are_tuned_beside_vllms_kernels_into_the_same_file(fake_gpu, 
     assert set(data["engines"]["vllm"]) == {"hc_head", "mhc_post"}
     assert data["measured"]["sglang"] == "0.5.23" and data["measured"]["vllm"] == "0.33.0"
     vllm_calls = [c for c in FakeMeasure.calls if c[0] == "hc_head"]
-    assert {k for _, k, _ in vllm_calls} == {4096, 7168} and {19, 23, 32} <= {
-        c for _, _, c in vllm_calls}  # bisected where the fake's winner changes
+    # hc_head's tiling changes at 17 tokens: bisected between 17 (won) and 32 (lost)
+    assert {k for _, k, _ in vllm_calls} == {4096, 7168} and {16, 17, 18, 20, 23, 32} <= {
+        c for _, _, c in vllm_calls}
     tables.clear_cache()
     monkeypatch.setattr(tables, "_device_name", lambda arch: DEVICE)
+    monkeypatch.setattr(tables, "_device_sm_count", lambda arch: 132)
     for table in VLLM_TABLES.values():
         table.reload()
     try:
-        assert vllm_hooks.prefers_dsv4spec("hc_head", 22, 7168, True, (9, 0))
-        assert not vllm_hooks.prefers_dsv4spec("hc_head", 23, 7168, True, (9, 0))
+        assert vllm_hooks.prefers_dsv4spec("hc_head", 19, 7168, True, (9, 0))
+        assert not vllm_hooks.prefers_dsv4spec("hc_head", 20, 7168, True, (9, 0))
         assert not vllm_hooks.prefers_dsv4spec("hc_head", 1, 7168, False, (9, 0))
         assert VLLM_TABLES["hc_head"].sources[(9, 0)] == path
         # a vLLM hook the user file lacks keeps the packaged rows

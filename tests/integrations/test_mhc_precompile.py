@@ -9,7 +9,7 @@ from dsv4spec.kernels import mhc as K
 from dsv4spec.kernels.launch import LaunchCache
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
-TOKENS = range(1, 4097)  # the H200 tables' mHC spans, both widths
+TOKENS = range(1, 4097)  # every count up to the H200 tables' largest mHC count, both widths
 WIDTHS = (4096, 7168)
 
 

@@ -1,26 +1,34 @@
 """The measured-faster tables read from JSON: the packaged files, the user directory, malformed
 and missing files, the lookup between measured keys, and the SGLang plugin's decisions."""
 
+import functools
 import json
 import logging
 from pathlib import Path
 
 import pytest
 
-from dsv4spec.integrations import tables
+from dsv4spec.integrations import plans, tables
 from dsv4spec.integrations.sglang import hc_head, metadata, mhc
 from dsv4spec.integrations.vllm import mhc as vllm_hooks
 from dsv4spec.integrations.vllm.tables import TABLES as VLLM_TABLES
+from dsv4spec.ops import mhc as mhc_ops
+from dsv4spec.ops.hc_head import first_plan_difference as hc_head_first_difference
+from dsv4spec.ops.hc_head import tiling_switches as hc_head_switches
 
-H200 = "NVIDIA H200"
+H200, H100, H20 = "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H20"
+H200_SMS = 132  # benchmarks/results/metadata/*.json: "sm_count": "132"
 SM90, SM100 = (9, 0), (10, 0)
 
 # The packaged tables are the H200's full `dsv4spec tune` run (benchmarks/results/tune/
 # NVIDIA_H200.json). The plugin must decide what that run's measured points say, read here by a
-# lookup written independently of dsv4spec.integrations.tables: at a measured key (the nearer
-# smaller measured key where keys are widths, never beyond the largest), ours is served at a count
-# when the nearest measured count at or below it was won by ours in that mode, the largest
-# measured count covering only itself; counts above a cap and other architectures get SGLang's.
+# lookup written independently of dsv4spec.integrations.tables and dsv4spec tune: at a measured
+# key (the nearer smaller measured key where keys are widths, never beyond the largest), ours is
+# served at a count when the nearest measured count at or below it was won by ours in that mode
+# (on another GPU of the architecture, the architecture file's, by 1.25x or more) and no planner
+# switch of the hook's op lies between the two, the largest measured count covering only itself;
+# counts above a cap, other architectures and, on a GPU of other SMs, counts from the first one
+# whose launch plan differs there get SGLang's.
 HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head", "dspark_hc_head",
          "build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
          "init_compression_metadata", "expand_extend_with_same_length")
@@ -35,14 +43,44 @@ _STACK_POINTS = {stack: {hook: entry for hook, entry in json.loads(
 _PACKAGED_POINTS = _STACK_POINTS["3.6"]
 _MEASURED = {c for points in _STACK_POINTS.values() for e in points.values()
              for keyed in e["points"].values() for rows in keyed.values() for c, *_ in rows}
-COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0, 1) if c + d)}))
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
+# The op each planned hook runs (the SGLang hooks here; the vLLM ones alike), read off the hooks'
+# modules, and its planner's switches and SM-count dependence straight from the ops
+OPS_OF = {"mhc_pre": "mhc_pre", "mhc_post": "mhc_post", "mhc_fused_post_pre": "mhc_post_pre",
+          "target_hc_head": "hc_head", "hc_head": "hc_head"}
+
+
+@functools.lru_cache(maxsize=None)
+def switches(hook: str, key: int, stack: str = "3.6", top: int = 16384) -> tuple[int, ...]:
+    if hook not in OPS_OF:
+        return ()
+    if OPS_OF[hook] == "hc_head":
+        return hc_head_switches(key, top, H200_SMS)
+    return mhc_ops.tiling_switches(OPS_OF[hook], key, top, H200_SMS, triton_version=stack)
+
+
+@functools.lru_cache(maxsize=None)
+def first_difference(hook: str, key: int, sms: int, top: int = 16384) -> int | None:
+    if hook not in OPS_OF or sms == H200_SMS:
+        return None
+    if OPS_OF[hook] == "hc_head":
+        return hc_head_first_difference(key, top, H200_SMS, sms)
+    return mhc_ops.first_plan_difference(OPS_OF[hook], key, top, H200_SMS, sms)
+
+
+COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0, 1) if c + d),
+                       *(s + d for h in HOOKS for k in (4096, 7168) for s in switches(h, k)
+                         for d in (-1, 0, 1))}))
 
 
 def measured_decides(hook: str, key: int, count: int, in_graph: bool, architecture,
-                     stack: str = "3.6") -> bool:
+                     stack: str = "3.6", margin: float | None = None,
+                     sms: int = H200_SMS) -> bool:
     entry = _STACK_POINTS[stack][hook]
     if architecture != SM90 or (entry["max_count"] is not None and count > entry["max_count"]):
+        return False
+    first = first_difference(hook, key, sms)
+    if first is not None and count >= first:
         return False
     keyed = {int(k): rows for k, rows in entry["points"].get("graph" if in_graph else "eager",
                                                              {}).items()}
@@ -60,7 +98,9 @@ def measured_decides(hook: str, key: int, count: int, in_graph: bool, architectu
     measured, ours_us, engine_us = below[-1]
     if measured == rows[-1][0] and count > measured:
         return False
-    return ours_us < engine_us
+    if any(measured < s <= count for s in switches(hook, at, stack)):
+        return False
+    return ours_us < engine_us if margin is None else engine_us / ours_us >= margin
 
 
 def test_the_packaged_decisions_at_points_read_off_the_h200_run(fresh):
@@ -109,9 +149,11 @@ def fresh(monkeypatch, tmp_path):
         for table in [*PLUGIN_TABLES, *VLLM_TABLES.values()]:
             table.reload()
 
-    def device(name, architecture=SM90):
+    def device(name, architecture=SM90, sm_count=None):
         monkeypatch.setattr(tables, "_device_name",
                             lambda arch: name if tuple(arch) == architecture else None)
+        monkeypatch.setattr(tables, "_device_sm_count",
+                            lambda arch: sm_count if tuple(arch) == architecture else None)
         reset()
 
     reset()
@@ -139,42 +181,86 @@ def one_hook_file(hook: str, **fields) -> dict:
 
 
 @pytest.mark.parametrize("stack", list(STACK_FILES))
-def test_packaged_files_are_valid_and_sm90_serves_the_h200s_tables(stack):
+def test_packaged_files_are_valid_and_sm90_is_derived_from_the_h200s_points(stack):
     arch_file = "sm_90.json" if stack == "3.6" else f"sm_90.triton{stack}.json"
     h200_stack, h200 = tables.read_file_with_stack(tables.PACKAGED_DIR / STACK_FILES[stack])
     sm90_stack, sm90 = tables.read_file_with_stack(tables.PACKAGED_DIR / arch_file)
     assert h200_stack == sm90_stack == stack
     assert set(h200["sglang"]) == set(HOOKS)
-    assert h200 == sm90
+    derived = json.loads((tables.PACKAGED_DIR / arch_file).read_text())
+    assert derived["device"] is None and derived["derived"] == {
+        "device": H200, "file": STACK_FILES[stack], "margin": tables.ARCHITECTURE_MARGIN}
+    assert derived["measured"]["sm_count"] == H200_SMS
+    # the same points, not the same ranges: those follow the margin (the decisions test below)
+    assert {e: {h: x["points"] for h, x in hooks.items()} for e, hooks in sm90.items()} == {
+        e: {h: x["points"] for h, x in hooks.items()} for e, hooks in h200.items()}
+    assert sm90 != h200
     for name in (STACK_FILES[stack], arch_file):
         text = (tables.PACKAGED_DIR / name).read_text()
         assert text == tables.dumps(json.loads(text)) + "\n", f"{name}: not in dumps' layout"
 
 
+def test_the_test_knows_every_planned_hook():
+    assert {hook for _, hook in plans.HOOK_OPS} == set(OPS_OF)
+    assert all(OPS_OF[hook] == op for (_, hook), op in plans.HOOK_OPS.items())
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in tables.PACKAGED_DIR.glob("*.json")))
+def test_no_planner_switch_falls_inside_an_extended_range_of_a_packaged_table(name):
+    """A served range may cross a count where the hook's op changes its tiling only where that
+    count itself was measured (and won): a verdict does not carry over to a tiling not
+    measured."""
+    data = json.loads((tables.PACKAGED_DIR / name).read_text())
+    stack = tables.file_stack(data)
+    crossed = []
+    for engine, hooks in data["engines"].items():
+        for hook, entry in hooks.items():
+            for mode in tables.MODES:
+                for key, spans in entry[mode].items():
+                    measured = {r[0] for r in entry["points"].get(mode, {}).get(key, [])}
+                    crossed += [(engine, hook, mode, key, (lo, hi), s)
+                                for lo, hi in spans for s in switches(hook, int(key), stack)
+                                if lo < s <= hi and s not in measured]
+    assert not crossed, crossed
+    planned = [h for hooks in data["engines"].values() for h in hooks if h in OPS_OF]
+    assert len(planned) == 8 and all(switches(h, 7168, stack) for h in planned)
+
+
 @pytest.mark.parametrize("stack", list(STACK_FILES))
-@pytest.mark.parametrize("device", [None, H200, "NVIDIA H100 80GB HBM3"],
-                         ids=["interpreter (sm_90 file)", "H200 (its file)", "H100 (sm_90 file)"])
-def test_decisions_follow_the_measured_points(fresh, monkeypatch, device, stack):
+@pytest.mark.parametrize("device, sms", [(None, None), (H200, H200_SMS), (H100, 132), (H20, 78)],
+                         ids=["interpreter (sm_90 file)", "H200 (its file)",
+                              "H100 (sm_90 file)", "H20 (sm_90 file, 78 SMs)"])
+def test_decisions_follow_the_measured_points(fresh, monkeypatch, caplog, device, sms, stack):
     monkeypatch.setattr(tables, "running_stack", lambda: stack)
-    fresh(device)
+    fresh(device, sm_count=sms)
+    margin = None if device == H200 else tables.ARCHITECTURE_MARGIN
     differ = []
-    for hook in HOOKS:
-        for architecture in (SM90, SM100, (8, 0), None):
-            for in_graph in (True, False):
-                for key in KEYS:
-                    for count in COUNTS:
-                        if (plugin_decides(hook, key, count, in_graph, architecture)
-                                != measured_decides(hook, key, count, in_graph, architecture,
-                                                    stack)):
-                            differ.append((hook, architecture, in_graph, key, count))
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for hook in HOOKS:
+            for architecture in (SM90, SM100, (8, 0), None):
+                for in_graph in (True, False):
+                    for key in KEYS:
+                        for count in COUNTS:
+                            if (plugin_decides(hook, key, count, in_graph, architecture)
+                                    != measured_decides(hook, key, count, in_graph, architecture,
+                                                        stack, margin, sms or H200_SMS)):
+                                differ.append((hook, architecture, in_graph, key, count))
     assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
     arch_file = "sm_90.json" if stack == "3.6" else f"sm_90.triton{stack}.json"
     expected = tables.PACKAGED_DIR / (STACK_FILES[stack] if device == H200 else arch_file)
     assert all(t.sources[SM90] == expected for t in PLUGIN_TABLES)
+    # a named GPU on the architecture file is told so once, naming the file and `dsv4spec tune`
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if device in (H100, H20):
+        assert len(warnings) == 1 and device in warnings[0] and str(expected) in warnings[0]
+        assert "dsv4spec tune" in warnings[0] and "1.25x" in warnings[0]
+        assert ("78 SMs" in warnings[0]) == (device == H20)
+    else:
+        assert warnings == []
     # the grid covers both answers of every hook (a grid where nothing is served proves nothing)
     for hook in HOOKS:
-        answers = {measured_decides(hook, k, c, g, SM90, stack) for k in KEYS for c in COUNTS
-                   for g in (True, False)}
+        answers = {measured_decides(hook, k, c, g, SM90, stack, margin, sms or H200_SMS)
+                   for k in KEYS for c in COUNTS for g in (True, False)}
         assert answers == {True, False}, hook
 
 
@@ -422,3 +508,43 @@ def test_the_triton_38_decisions_read_off_its_h200_run(fresh, monkeypatch):
     fresh(H200)
     assert plugin_decides(boundary, 7168, 16, True, SM90)
     assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 16, 7168, True, SM90)
+
+
+def test_an_architecture_file_names_what_it_was_derived_from():
+    tables.validate(packaged("sm_90.json"))
+    faults = []
+    data = packaged("sm_90.json")
+    del data["derived"]
+    faults.append((data, "derived"))
+    data = packaged("sm_90.json")
+    data["derived"]["margin"] = 0.5
+    faults.append((data, "derived"))
+    data = packaged("sm_90.json")
+    del data["measured"]["sm_count"]
+    faults.append((data, "sm_count"))
+    data = packaged()
+    data["measured"]["sm_count"] = 0
+    faults.append((data, "measured.sm_count"))
+    data = packaged()
+    data["device"] = 7
+    faults.append((data, "device"))
+    for data, match in faults:
+        with pytest.raises(ValueError, match=match):
+            tables.validate(data)
+
+
+def test_a_gpu_of_other_sms_takes_a_table_only_below_the_first_plan_difference(fresh, caplog):
+    """The H200's own file on an H200 of 78 SMs (a partitioned one, say): hc_head's split counts
+    at H = 7168 follow the SM count from 256 tokens, so its ranges stop at 255; mhc_post's plan
+    has no split count and keeps its ranges."""
+    fresh(H200, sm_count=78)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        assert plugin_decides("target_hc_head", 7168, 128, True, SM90)
+        assert not plugin_decides("target_hc_head", 7168, 256, True, SM90)
+        assert plugin_decides("mhc_post", 7168, 16384, True, SM90)
+        assert vllm_hooks.prefers_dsv4spec("mhc_pre", 16, 7168, True, SM90)
+        assert not vllm_hooks.prefers_dsv4spec("mhc_pre", 1024, 7168, True, SM90)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # its own file
+    fresh(H200, sm_count=H200_SMS)
+    assert plugin_decides("target_hc_head", 7168, 256, True, SM90)
+    assert vllm_hooks.prefers_dsv4spec("mhc_pre", 1024, 7168, True, SM90)

@@ -10,9 +10,16 @@ device time per call replayed from a CUDA graph, and host wall time per back-to-
 both providers side by side. Ours is served at a point in a mode where it was faster there (for the
 metadata builders: at every shape measured for that row count, decode and verify, a short and a
 half-full context). Counts are measured on a coarse grid, then bisected wherever the winner
-changes between neighbours, so the table is dense only where it needs to be; a winning point
-covers the counts up to the next measured one, the largest only itself, and keys between
-measured keys follow the file's rule (:mod:`dsv4spec.integrations.tables`).
+changes between neighbours, so the table is dense only where it needs to be; the full grid holds
+both sides of every planner switch of the hook's op (a count where its tiling changes:
+:mod:`dsv4spec.integrations.plans`). A winning point covers the counts up to the next measured
+one or the next planner switch, the largest only itself, and keys between measured keys follow
+the file's rule (:mod:`dsv4spec.integrations.tables`).
+
+``--derive`` (no GPU) re-derives device files' ranges from their points by that rule and writes
+beside each the architecture file that other GPUs of its architecture read: ours only where it
+was at least ``tables.ARCHITECTURE_MARGIN`` faster on the measured GPU (the packaged
+``sm_90*.json`` are ``dsv4spec tune --derive src/dsv4spec/integrations/tables/NVIDIA_H200*.json``).
 
 Writes ``<device>.triton<M.m>.json`` (the running Triton's stack: the plugins read a table only
 under the Triton it was measured with) into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or
@@ -39,7 +46,7 @@ import torch
 import triton
 
 from dsv4spec import __version__
-from dsv4spec.integrations import tables
+from dsv4spec.integrations import plans, tables
 from dsv4spec.integrations.hooks import Spans
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
 from dsv4spec.usage import UsageError
@@ -91,6 +98,7 @@ class Grid:
     # verify shape holds bs * 4 rows; above the largest decode batch only verify reaches them)
     whole_above: int | None = None
     whole_of: int = 1
+    engine: str = "sglang"  # whose hook: the planner switches are its op's
 
     def measurable(self, count: int) -> int:
         """``count``, rounded down to a count this hook's shapes can hold."""
@@ -98,11 +106,19 @@ class Grid:
             return max(count - count % self.whole_of, self.whole_above)
         return count
 
-    def points(self, quick: bool) -> list[tuple[int, int]]:
+    def points(self, quick: bool, num_sms: int | None = None) -> list[tuple[int, int]]:
+        """The coarse (key, count) points; the full grid adds, per key, both sides of every
+        planner switch of the hook's op up to the largest count (on ``num_sms`` SMs)."""
         keys, counts = (self.quick_keys, self.quick_counts) if quick else (self.keys,
                                                                              self.counts)
-        return [(k, c) for k in keys for c in counts
-                if self.max_count is None or c <= self.max_count]
+        top = min(max(counts), self.max_count or max(counts))
+        out = []
+        for k in keys:
+            sides = () if quick else {c for s in plans.tiling_switches(
+                self.engine, self.hook, k, top, num_sms) for c in (s - 1, s)}
+            out += [(k, c) for c in sorted({*counts, *sides})
+                    if self.max_count is None or c <= self.max_count]
+        return out
 
 
 def _mhc(hook: str, counts: tuple[int, ...], cap: int | None) -> Grid:
@@ -137,7 +153,8 @@ GRIDS: dict[str, Grid] = {g.hook: g for g in (
 # the table says (dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS).
 VLLM_GRIDS: dict[str, Grid] = {hook: Grid(
     hook, "vllm", "hidden_size", "num_tokens", "exact", HIDDEN,
-    (1, 4, 16, 64, 256, 1024, 4096), (7168,), (1, 16), seconds=2.5, quick_seconds=2.0)
+    (1, 4, 16, 64, 256, 1024, 4096), (7168,), (1, 16), seconds=2.5, quick_seconds=2.0,
+    engine="vllm")
     for hook in ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")}
 ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
@@ -169,6 +186,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, metavar="FILE", default=None,
                         help="print a tables file as markdown (what each hook serves, its share "
                              "of the measured points, every point), then exit (no GPU needed)")
+    parser.add_argument("--derive", nargs="+", type=Path, metavar="FILE", default=None,
+                        help="re-derive each device tables file's ranges from its points in "
+                             "place and write beside it the architecture file (sm_XX) that GPUs "
+                             "without a file of their own read: ours only where it was at least "
+                             f"{tables.ARCHITECTURE_MARGIN}x faster; then exit (no GPU needed)")
     parser.add_argument("--plan", action="store_true",
                         help="print what would be measured and the time estimate, then exit "
                              "(no GPU needed)")
@@ -202,15 +224,17 @@ def _ranges(values: list[int]) -> str:
         f"{{{values[0]}, {values[1]}, ..., {values[-1]}}} ({len(values)})")
 
 
-def spans_from_points(points: dict[int, bool]) -> Spans:
+def spans_from_points(points: dict[int, bool], switches: tuple[int, ...] = ()) -> Spans:
     """Inclusive count ranges served by ours from measured ``{count: ours_won}``: a winning point
-    covers the counts up to the next measured point, the largest measured point only itself."""
+    covers the counts up to the next measured point or the next of ``switches`` (the counts where
+    the op's tiling changes), the largest measured point only itself."""
     counts = sorted(points)
     spans: list[tuple[int, int]] = []
     for i, c in enumerate(counts):
         if not points[c]:
             continue
         hi = counts[i + 1] - 1 if i + 1 < len(counts) else c
+        hi = min([hi, *(s - 1 for s in switches if c < s)])
         if spans and spans[-1][1] == c - 1:
             spans[-1] = (spans[-1][0], hi)
         else:
@@ -233,22 +257,111 @@ def bisections(won: dict[int, tuple[bool, ...]], depth: dict[int, int]) -> list[
 
 def _won(result: dict, mode: str) -> bool:
     ours, engine = result[mode]
-    return ours < engine
+    return wins(ours, engine)
 
 
-def entry_from_points(g: Grid, points: dict[int, dict[int, dict]]) -> dict:
-    """A hook's table entry from ``{key: {count: {mode: [ours_us, engine_us]}}}``."""
+def wins(ours_us: float, engine_us: float, margin: float | None = None) -> bool:
+    """Whether a point serves ours: faster (``margin`` None), or at least ``margin`` times as
+    fast (``engine_us >= margin * ours_us``: an architecture file's rule)."""
+    return ours_us < engine_us if margin is None else engine_us >= margin * ours_us
+
+
+def spans_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
+             stack: str | None = None, margin: float | None = None) -> dict[str, dict]:
+    """An entry's ranges, per mode that has ``points`` and per key, derived from those points
+    (:func:`spans_from_points`, a point served where :func:`wins` with ``margin``), clipped at
+    the planner switches of ``engine``'s ``hook`` on ``num_sms`` SMs under Triton ``stack``."""
+    out = {}
+    for mode, keyed in entry.get("points", {}).items():
+        out[mode] = {}
+        for key, rows in keyed.items():
+            switches = plans.tiling_switches(engine, hook, int(key), max(r[0] for r in rows),
+                                             num_sms, stack) if rows else ()
+            out[mode][key] = [list(s) for s in spans_from_points(
+                {c: wins(o, e, margin) for c, o, e in rows}, switches)]
+    return out
+
+
+def entry_from_points(g: Grid, points: dict[int, dict[int, dict]], num_sms: int | None = None,
+                      stack: str | None = None) -> dict:
+    """A hook's table entry from ``{key: {count: {mode: [ours_us, engine_us]}}}`` measured on
+    ``num_sms`` SMs under Triton ``stack`` (default: the imported one)."""
     entry = {"key": g.key, "between_keys": g.between_keys, "count": g.count,
              "max_count": g.max_count}
+    measured = {"points": {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
+                                  for k, by_count in sorted(points.items())}
+                           for mode in g.modes}}
+    spans = spans_of(measured, g.engine, g.hook, num_sms, stack)
     for mode in tables.MODES:
-        entry[mode] = {str(k): [list(s) for s in spans_from_points(
-            {c: _won(r, mode) for c, r in sorted(by_count.items())})]
-            for k, by_count in sorted(points.items())} if mode in g.modes else {}
-    entry["points"] = {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
-                              for k, by_count in sorted(points.items())} for mode in g.modes}
+        entry[mode] = spans.get(mode, {})
+    entry.update(measured)
     if g.note:
         entry["note"] = g.note
     return entry
+
+
+def respanned(data: dict) -> dict:
+    """A device file with every range re-derived from its points (:func:`spans_of`: the rule
+    ``tune`` writes by); modes without points keep theirs."""
+    out = json.loads(json.dumps(data))
+    stack = tables.file_stack(data)
+    for engine, hooks in out["engines"].items():
+        for hook, entry in hooks.items():
+            entry.update(spans_of(entry, engine, hook, data["measured"].get("sm_count"), stack))
+    return out
+
+
+def architecture_file(data: dict, name: str, margin: float = tables.ARCHITECTURE_MARGIN) -> dict:
+    """The architecture file derived from device file ``data`` (named ``name``): its ranges
+    re-derived from its points serving ours only where it won by ``margin`` or more, for the GPUs
+    of its architecture that no file names."""
+    if not data.get("device"):
+        raise ValueError(f"{name}: not a device file (no device), nothing to derive from")
+    if not isinstance(data["measured"].get("sm_count"), int):
+        raise ValueError(f"{name}: measured.sm_count missing: the SM count it was measured on "
+                         "decides where another GPU's plans differ")
+    stack = tables.file_stack(data)
+    out = {"format": tables.FORMAT, "device": None, "architecture": data["architecture"],
+           "derived": {"device": data["device"], "file": name, "margin": margin},
+           "measured": data["measured"], "engines": {}}
+    for engine, hooks in data["engines"].items():
+        out["engines"][engine] = {}
+        for hook, entry in hooks.items():
+            derived = {**entry, **{mode: {} for mode in tables.MODES}}
+            derived.update(spans_of(entry, engine, hook, data["measured"]["sm_count"], stack,
+                                    margin))
+            out["engines"][engine][hook] = derived
+    return json.loads(json.dumps(out))
+
+
+def architecture_file_name(device_file: str, data: dict) -> str:
+    """``NVIDIA_H200.json`` -> ``sm_90.json``, ``NVIDIA_H200.triton3.8.json`` ->
+    ``sm_90.triton3.8.json``: the stack named as the device file names it."""
+    stack = tables.file_stack(data)
+    suffix = f".triton{stack}.json" if device_file.endswith(f".triton{stack}.json") else ".json"
+    return data["architecture"] + suffix
+
+
+def derive(paths: list[Path]) -> list[Path]:
+    """``--derive``: each device file's ranges re-derived in place, and its architecture file
+    written beside it; the paths written. Every file is derived and checked before any is
+    written."""
+    out, targets = {}, {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        tables.validate(data)
+        target = path.with_name(architecture_file_name(path.name, data))
+        if target in targets:
+            raise ValueError(f"{path} and {targets[target]} both derive {target.name}: one "
+                             "device file per architecture and stack")
+        targets[target] = path
+        out[path] = respanned(data)
+        out[target] = architecture_file(out[path], path.name)
+        tables.validate(out[path])
+        tables.validate(out[target])
+    for path, data in out.items():
+        _write_json(path, data)
+    return list(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,7 +560,9 @@ def environment() -> dict:
     """What a file's points were measured with; a partial run resumes only on the same."""
     return {"device": torch.cuda.get_device_name(), "dsv4spec": __version__,
             "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": str(torch.version.cuda)}
+            "cuda": str(torch.version.cuda),
+            "sm_count": torch.cuda.get_device_properties(
+                torch.cuda.current_device()).multi_processor_count}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -540,7 +655,7 @@ def main(args: argparse.Namespace) -> int:
     grids = ENGINE_GRIDS[args.engine]
     hooks = list(dict.fromkeys(args.hooks if args.hooks is not None else grids))
     others = [h for h in hooks if h not in grids]
-    if others and not (args.compare or args.report):
+    if others and not (args.compare or args.report or args.derive):
         print(f"dsv4spec tune: error: {args.engine} has no hook {', '.join(others)} (its hooks: "
               f"{', '.join(grids)}); nothing was written", file=sys.stderr)
         return EXIT_USAGE
@@ -558,6 +673,14 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as e:  # not UTF-8, not JSON, or not a tables file (validate's message)
             raise UsageError("--report", f"{args.report} is not a tables file: {e}") from None
         print(text, end="")
+        return 0
+    if args.derive:
+        try:
+            written = derive(args.derive)
+        except (OSError, ValueError) as e:
+            print(f"dsv4spec tune: error: {e}; nothing was written", file=sys.stderr)
+            return EXIT_USAGE
+        print("\n".join(f"wrote {p}" for p in written))
         return 0
     lines, seconds = plan(hooks, args.quick, args.engine)
     if args.plan:
@@ -614,14 +737,16 @@ def main(args: argparse.Namespace) -> int:
     measure = Measure()
     measure.prepare(dict.fromkeys(grids[h].group for h in hooks))
     start, done = time.perf_counter(), 0
-    total = sum(len(grids[h].points(args.quick)) for h in hooks)
+    sms = env.get("sm_count")
+    total = sum(len(grids[h].points(args.quick, sms)) for h in hooks)
     peer_name = ENGINE_NAMES[args.engine]
     for hook in hooks:
         g = grids[hook]
         measured = state["points"].setdefault(slot[hook], {})
-        for key in sorted({k for k, _ in g.points(args.quick)}):
+        grid = g.points(args.quick, sms)
+        for key in sorted({k for k, _ in grid}):
             by_count = measured.setdefault(str(key), {})
-            todo = [c for k, c in g.points(args.quick) if k == key]
+            todo = [c for k, c in grid if k == key]
             depth: dict[int, int] = {}
             while todo:
                 for count in todo:
@@ -656,14 +781,15 @@ def main(args: argparse.Namespace) -> int:
     # the last run's provenance; an earlier run's engine version is kept beside it
     data["measured"] = {
         **data.get("measured", {}), "date": datetime.date.today().isoformat(),
-        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda")}, **versions,
+        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda", "sm_count") if k in env},
+        **versions,
         "command": f"dsv4spec tune --engine {args.engine} --hooks {' '.join(hooks)}"
                    + (" --quick" * args.quick), "quick": args.quick}
     engine = data["engines"].setdefault(args.engine, {})
     for hook in hooks:
         engine[hook] = entry_from_points(grids[hook], {
             int(k): {int(c): r for c, r in by_count.items()}
-            for k, by_count in state["points"][slot[hook]].items()})
+            for k, by_count in state["points"][slot[hook]].items()}, sms, stack)
         if args.engine == "vllm":  # the release whose kernels were measured
             engine[hook]["engine_versions"] = [versions["vllm"]]
     tables.validate(data)

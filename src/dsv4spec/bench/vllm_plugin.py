@@ -191,7 +191,8 @@ def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
                                          "hook": lambda: call(hook, op, t)})
     index = torch.cuda.current_device()
     table_op = "mhc_fused_post_pre" if op == REUSE else op  # the plugin's _TABLE_OF
-    served = "ours" if prefers_dsv4spec(table_op, T, H, True, torch.cuda.get_device_capability(index),
+    architecture = torch.cuda.get_device_capability(index)
+    served = "ours" if prefers_dsv4spec(table_op, T, H, True, architecture,
                                         mhc_hooks.vllm_deep_gemm()) else "vllm"
     return {"op": op, "H": H, "T": T, "vllm_graph_us": graph["vllm"],
             "hook_graph_us": graph["hook"], "vllm_eager_us": eager["vllm"]["median_us"],

@@ -46,9 +46,7 @@ class Signature(NamedTuple):
 def plan_of(op: str, T: int, H: int, device_index: int, dtype: torch.dtype = torch.bfloat16):
     """The tiling ``op`` runs at ``T`` (what its launches depend on besides ``T``)."""
     if op == "mhc_post":
-        block_h = (256 if T <= 2 else 512 if T <= 8 else 1024 if T <= 32
-                   else 256 if T <= 128 else 512)
-        return block_h, 4 if T <= 32 else 2, K.POST_PDL and K.supports_pdl(device_index)
+        return (*K.post_tiling(T), K.POST_PDL and K.supports_pdl(device_index))
     return K.plan.__wrapped__(T, H, device_index, dtype=dtype,
                               **({"boundary": True} if op == "mhc_fused_post_pre" else {}))
 

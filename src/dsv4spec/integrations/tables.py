@@ -16,6 +16,17 @@ packaged device files, the packaged architecture files. A malformed file in the 
 engine's own code for every hook on that GPU (one WARNING naming the file); no file at all, or
 files of other stacks only, the same (one WARNING naming ``dsv4spec tune``).
 
+A GPU is served only what was measured on it, or measured clearly enough to carry over: its own
+file (packaged, or written by ``dsv4spec tune``) decides every hook it holds; another GPU of a
+measured architecture (an H100, H20 or GH200 beside the H200's file) reads the architecture
+file, which is not a copy of the measured GPU's: ``dsv4spec tune --derive`` writes it from that
+file's points, serving ours only where it was at least ``ARCHITECTURE_MARGIN`` (1.25x) faster
+there. Such a GPU is told so once per process (one WARNING naming it, the architecture file and
+``dsv4spec tune``). And where a GPU's SM count differs from the measured GPU's
+(``measured.sm_count``), a planned hook's ranges stop below the first count at which the op's
+planner launches another plan for it (the split counts follow the SM count:
+:mod:`dsv4spec.integrations.plans`).
+
 Format (``FORMAT`` 1)::
 
     {"format": 1, "device": "NVIDIA H200", "architecture": "sm_90",
@@ -35,11 +46,15 @@ A key between two measured keys gets the nearer smaller one's ranges where ``bet
 nothing where it is ``exact`` (``H``, a property of the model); a key below or above every
 measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges by the
 same rule along the counts: a winning point covers the counts up to the next measured point
-(excluded), the largest measured count only itself. ``max_count`` (optional) is a cap beyond
+or the next planner switch of the hook's op (both excluded: a tiling not measured is not
+extrapolated to), the largest measured count only itself. ``max_count`` (optional) is a cap beyond
 which the engine's own code runs whatever was measured (the mHC hooks' 32 tokens, above which
 SGLang runs DeepGEMM's GEMM, not the kernel measured); ranges are clipped to it on loading.
 ``points`` (optional) keeps what ``tune`` measured: per mode and key, ``[count, ours_us,
-engine_us]`` rows, which a later run resumes from.
+engine_us]`` rows, which a later run resumes from and an architecture file is derived from.
+``measured.sm_count`` (optional) is the measured GPU's SM count. An architecture file
+(``device`` null) also names what it was derived from, ``"derived": {"device": "NVIDIA H200",
+"file": "NVIDIA_H200.json", "margin": 1.25}``, and must give ``measured.sm_count``.
 """
 
 from __future__ import annotations
@@ -51,7 +66,7 @@ import os
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -61,6 +76,10 @@ from dsv4spec.integrations.hooks import Architecture, Spans
 logger = logging.getLogger("dsv4spec.integrations")
 
 FORMAT = 1
+# An architecture file serves ours where the measured GPU's was at least this much faster
+# (engine_us >= ARCHITECTURE_MARGIN * ours_us): a GPU of other SMs, clocks and bandwidth may
+# lose a near-tie, not a clear win
+ARCHITECTURE_MARGIN = 1.25
 TABLES_DIR_ENV = "DSV4SPEC_TABLES_DIR"
 PACKAGED_DIR = Path(__file__).with_name("tables")
 MODES = ("graph", "eager")
@@ -194,6 +213,20 @@ def validate(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
     if not isinstance(data["measured"], dict) or not isinstance(data["engines"], dict):
         raise ValueError("measured and engines must be objects")
     file_stack(data)
+    sm_count = data["measured"].get("sm_count")
+    if sm_count is not None:
+        _int(sm_count, "measured.sm_count")
+    if data["device"] is None:
+        derived = data.get("derived")
+        if not (isinstance(derived, dict) and isinstance(derived.get("device"), str)
+                and isinstance(derived.get("file"), str)
+                and isinstance(derived.get("margin"), (int, float))
+                and not isinstance(derived.get("margin"), bool) and derived["margin"] >= 1):
+            raise ValueError("derived: an architecture file (device null) names the device, the "
+                             "file and the margin (>= 1) it was derived with")
+        _int(sm_count, "measured.sm_count (an architecture file's)")
+    elif not isinstance(data["device"], str):
+        raise ValueError(f"device: expected a device name or null, got {data['device']!r}")
     engines = {}
     for engine, hooks in data["engines"].items():
         if engine not in ENGINES or not isinstance(hooks, dict):
@@ -237,10 +270,28 @@ def read_file(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
 
 def read_file_with_stack(path: Path) -> tuple[str, dict[str, dict[str, dict[str, Any]]]]:
     """``path``'s stack and tables, validated; raises ``OSError`` or ``ValueError``."""
+    source = read_source(path)
+    return source.stack, source.engines
+
+
+class Source(NamedTuple):
+    """One readable tables file: its stack and tables, the SM count it was measured on (None:
+    not recorded), and, for an architecture file, its ``derived`` object."""
+
+    path: Path
+    stack: str
+    engines: dict[str, dict[str, dict[str, Any]]]
+    sm_count: int | None
+    derived: dict[str, Any] | None
+
+
+def read_source(path: Path) -> Source:
+    """``path`` read and validated; raises ``OSError`` or ``ValueError``."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     engines = validate(data)
-    return file_stack(data), engines
+    return Source(path, file_stack(data), engines, data["measured"].get("sm_count"),
+                  data.get("derived") if data["device"] is None else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,22 +339,38 @@ def _clipped(keyed: Mapping[int, Spans], cap: int | None) -> dict[int, Spans]:
             for k, spans in keyed.items()}
 
 
+def _device_index(architecture: Architecture) -> int | None:
+    """A visible CUDA device of that architecture (the current device first), or None."""
+    if not torch.cuda.is_available():
+        return None
+    current = torch.cuda.current_device()
+    for index in [current, *range(torch.cuda.device_count())]:
+        if tuple(torch.cuda.get_device_capability(index)) == tuple(architecture):
+            return index
+    return None
+
+
 def _device_name(architecture: Architecture) -> str | None:
     """The name of a visible CUDA device of that architecture (the current device first), or
     None (no CUDA: the interpreter, whose tables are the architecture file); the assumed GPU's
     name inside :func:`assuming`."""
     if _assumed is not None:
         return _assumed[0]
-    if not torch.cuda.is_available():
+    index = _device_index(architecture)
+    return None if index is None else torch.cuda.get_device_name(index)
+
+
+def _device_sm_count(architecture: Architecture) -> int | None:
+    """The SM count of the device :func:`_device_name` names, or None (no CUDA; an assumed GPU,
+    whose count is taken to be the one its file was measured with)."""
+    if _assumed is not None:
         return None
-    current = torch.cuda.current_device()
-    for index in [current, *range(torch.cuda.device_count())]:
-        if tuple(torch.cuda.get_device_capability(index)) == tuple(architecture):
-            return torch.cuda.get_device_name(index)
-    return None
+    index = _device_index(architecture)
+    return None if index is None else torch.cuda.get_device_properties(index).multi_processor_count
 
 
-_chains: dict[tuple[str | None, Architecture, str], list[tuple[Path, dict]] | None] = {}
+_chains: dict[tuple[str | None, Architecture, str], list[Source] | None] = {}
+_told_derived: set[str] = set()  # the GPUs told they read an architecture file
 # (device name, stack) answered for in place of the visible GPU and the running Triton, inside
 # assuming(); None outside.
 _assumed: tuple[str | None, str | None] | None = None
@@ -312,12 +379,13 @@ _file_tables: list[weakref.ref] = []
 
 
 def clear_cache() -> None:
-    """Forget the files read (tests; a process reads each once)."""
+    """Forget the files read and the GPUs told (tests; a process reads each once)."""
     _chains.clear()
+    _told_derived.clear()
 
 
 def _chain(device_name: str | None, architecture: Architecture,
-           stack: str | None = None) -> list[tuple[Path, dict]]:
+           stack: str | None = None) -> list[Source]:
     """The readable files of the running stack for this GPU, in order; empty (after one WARNING)
     where a file of the chain is malformed, or none of this stack exists."""
     stack = stack or _stack()
@@ -326,20 +394,20 @@ def _chain(device_name: str | None, architecture: Architecture,
         return _chains[cache_key] or []
     chain, others = [], {}
     for path in candidates(device_name, architecture, stack):
-        if not path.is_file() or any(path == p for p, _ in chain):
+        if not path.is_file() or any(path == source.path for source in chain):
             continue
         try:
-            measured_under, engines = read_file_with_stack(path)
+            source = read_source(path)
         except (OSError, ValueError, UnicodeDecodeError) as e:
             logger.warning("dsv4spec: the measured-faster tables in %s are not readable (%s); "
                            "the engine's own code runs for every table-gated hook on %s", path,
                            e, device_name or architecture_name(architecture))
             chain = []
             break
-        if measured_under == stack:
-            chain.append((path, engines))
+        if source.stack == stack:
+            chain.append(source)
         else:
-            others[path] = measured_under
+            others[path] = source.stack
     else:
         if not chain and device_name is not None:  # a visible GPU, not a test's architecture
             measured = "; ".join(f"{p} under Triton {s}" for p, s in others.items())
@@ -412,16 +480,51 @@ def stack_validated(architecture: Architecture | None, device_name: str | None =
 
 
 def hook_entry(engine: str, hook: str, architecture: Architecture,
-               device_name: str | None = None) -> tuple[Path | None, dict | None]:
+               device_name: str | None = None,
+               sm_count: int | None = None) -> tuple[Path | None, dict | None]:
     """The file and validated entry deciding ``engine``'s ``hook`` on a GPU of ``architecture``
-    (named ``device_name``, default: the visible CUDA device of that architecture) under the
-    running Triton's stack."""
+    (named ``device_name``, of ``sm_count`` SMs; default: the visible CUDA device of that
+    architecture) under the running Triton's stack; its ranges stop below the first count whose
+    plan differs on this GPU where its SM count is not the measured one's."""
     name = device_name if device_name is not None else _device_name(architecture)
-    for path, engines in _chain(name, architecture):
-        entry = engines.get(engine, {}).get(hook)
-        if entry is not None:
-            return path, entry
+    sms = sm_count if sm_count is not None else _device_sm_count(architecture)
+    for source in _chain(name, architecture):
+        entry = source.engines.get(engine, {}).get(hook)
+        if entry is None:
+            continue
+        differs = sms is not None and source.sm_count is not None and sms != source.sm_count
+        if source.derived is not None and name is not None and name not in _told_derived:
+            _told_derived.add(name)
+            logger.warning(
+                "dsv4spec: no measured-faster table for %s under Triton %s; its table-gated "
+                "hooks read %s, derived from the %s's (%s): ours only where it was at least "
+                "%.2fx faster there%s. `dsv4spec tune` measures this GPU and writes its own "
+                "table", name, source.stack, source.path, source.derived["device"],
+                source.derived["file"], source.derived["margin"],
+                f", and below the first count whose launch plan differs on this GPU's {sms} "
+                f"SMs (measured on {source.sm_count})" if differs else "")
+        if differs:
+            entry = _same_plan_only(engine, hook, entry, source.sm_count, sms, source.stack)
+        return source.path, entry
     return None, None
+
+
+def _same_plan_only(engine: str, hook: str, entry: dict, measured_sms: int, sms: int,
+                    stack: str) -> dict:
+    """``entry`` with each key's ranges cut below the first count at which the hook's op
+    launches another plan on ``sms`` SMs than on the ``measured_sms`` it was measured on."""
+    from dsv4spec.integrations import plans  # the ops' planners: only for such a GPU
+
+    out = dict(entry)
+    for mode in MODES:
+        cut = {}
+        for key, spans in entry[mode].items():
+            first = spans and plans.first_plan_difference(
+                engine, hook, key, max(hi for _, hi in spans), measured_sms, sms, stack)
+            cut[key] = tuple((lo, min(hi, first - 1)) for lo, hi in spans
+                             if lo < first) if first else spans
+        out[mode] = cut
+    return out
 
 
 class FileTable(dict):

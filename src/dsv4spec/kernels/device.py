@@ -1,7 +1,8 @@
-"""Device helpers shared by several ops' kernels and planners: the GPU's SM count, whether it
-takes programmatic dependent launches, fp32 rounding to a stream dtype that the interpreter
-and the GPU agree on, the finalizes' loads of a token's 4 streams and RMSNorm factor of their
-mix, and whether the interpreter multiplies bf16 dot operands as numbers."""
+"""Device helpers shared by several ops' kernels and planners: host ceiling division and powers
+of 2, the GPU's SM count, whether it takes programmatic dependent launches, fp32 rounding to a
+stream dtype that the interpreter and the GPU agree on, the finalizes' loads of a token's 4
+streams and RMSNorm factor of their mix, and whether the interpreter multiplies bf16 dot
+operands as numbers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ import triton
 import triton.language as tl
 
 from dsv4spec.kernels import on_rocm
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host: the planners' (``triton.cdiv`` is a constexpr function,
+    2-3 us a call on the host, and the tables' planner queries scan every token count)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= ``n`` (>= 1), on the host: as :func:`cdiv`."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def supports_pdl(device_index: int) -> bool:

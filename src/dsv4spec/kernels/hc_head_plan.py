@@ -13,10 +13,11 @@ import functools
 from typing import NamedTuple
 
 import torch
-import triton
 
 from dsv4spec.kernels.device import (  # noqa: F401 - the planner's
+    cdiv,
     interpreter_multiplies_bf16,
+    next_power_of_2,
     num_sms,
     supports_pdl,
 )
@@ -76,14 +77,14 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
         # (1.07 waves) left a tail that 640 (10 splits, the sweep's best) does not.
         block_t = block_t or 16
         block_k = block_k or 64
-        n_chunks = triton.cdiv(H, block_k)
+        n_chunks = cdiv(H, block_k)
         if num_splits is None:
-            token_blocks, slots = triton.cdiv(T, block_t), 5 * num_sms
-            fewest = triton.cdiv(n_chunks, 16)
-            waves = triton.cdiv(token_blocks * fewest, slots)
+            token_blocks, slots = cdiv(T, block_t), 5 * num_sms
+            fewest = cdiv(n_chunks, 16)
+            waves = cdiv(token_blocks * fewest, slots)
             num_splits = min(n_chunks, max(fewest, waves * slots // token_blocks))
-        chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-        num_splits = triton.cdiv(n_chunks, chunks_per_split)
+        chunks_per_split = cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+        num_splits = cdiv(n_chunks, chunks_per_split)
         block_h = block_h or (1024 if T <= 128 else 512)
         return HcHeadConfig(block_t, block_k, chunks_per_split, num_splits, block_h, False, True,
                             stages or 3, True if sumsq_dot is None else sumsq_dot)
@@ -91,18 +92,18 @@ def hc_head_config(T: int, H: int, num_sms: int, block_k: int | None = None,
         partials_2d = False
     if block_t is None:
         block_t = 4 if partials_2d or T <= INVARIANT_MAX_TOKENS else min(
-            triton.next_power_of_2(T), 8)
+            next_power_of_2(T), 8)
     if block_k is None:
         block_k = 64 if T <= 4 or partials_2d else 128 if T <= 32 else 256
-    n_chunks = triton.cdiv(H, block_k)
+    n_chunks = cdiv(H, block_k)
     if num_splits is None:
         programs_per_sm = 4 if T <= 64 else 12
         # the 2-D kernel: the split count the default computes before rounding to whole chunks
-        num_splits = min(triton.cdiv(H, 256) if partials_2d else n_chunks,
-                         triton.cdiv(programs_per_sm * num_sms, triton.cdiv(T, 8 if partials_2d
+        num_splits = min(cdiv(H, 256) if partials_2d else n_chunks,
+                         cdiv(programs_per_sm * num_sms, cdiv(T, 8 if partials_2d
                                                                            else block_t)))
-    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-    num_splits = triton.cdiv(n_chunks, chunks_per_split)
+    chunks_per_split = cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+    num_splits = cdiv(n_chunks, chunks_per_split)
     if block_h is None:
         block_h = 128 if T <= 8 else 1024 if T <= 128 else 512
     return HcHeadConfig(block_t, block_k, chunks_per_split, num_splits, block_h, partials_2d)
@@ -122,13 +123,25 @@ def _num_warps(T: int) -> tuple[int, int]:
 def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits, block_h,
           partials_2d=None, block_t=None, warps=None, dtype=None, mma=None, stages=None,
           sumsq_dot=None, pdl=None, evict_hints=None):
+    return plan_on(T, H, num_sms(device_index), device_index >= 0, supports_pdl(device_index),
+                   rmsnorm, block_k, num_splits, block_h, partials_2d, block_t, warps, dtype,
+                   mma, stages, sumsq_dot, pdl, evict_hints)
+
+
+def plan_on(T: int, H: int, num_sms: int, on_gpu: bool, pdl_capable: bool, rmsnorm: bool,
+            block_k=None, num_splits=None, block_h=None, partials_2d=None, block_t=None,
+            warps=None, dtype=None, mma=None, stages=None, sumsq_dot=None, pdl=None,
+            evict_hints=None):
+    """The planner on a described device: ``num_sms`` SMs, a CUDA GPU (``on_gpu``, else the
+    interpreter) taking programmatic dependent launches or not; ``(config, workspace shape,
+    (partials warps, finalize warps))``."""
     if mma is None:
         # Tensor cores need bf16 x (fp16 parts of hc_fn would underflow; fp32 x is not exact in
         # bf16). Not by default in the interpreter: Triton 3.6 multiplies bf16 there as integers.
-        mma = dtype is torch.bfloat16 and device_index >= 0 and T * H >= MMA_MIN_ELEMENTS
+        mma = dtype is torch.bfloat16 and on_gpu and T * H >= MMA_MIN_ELEMENTS
     elif mma and dtype is not None and dtype is not torch.bfloat16:
         raise ValueError(f"the tensor-core partials need bfloat16 x, got {dtype}")
-    elif mma and device_index < 0 and not interpreter_multiplies_bf16():
+    elif mma and not on_gpu and not interpreter_multiplies_bf16():
         raise ValueError("the tensor-core partials need a GPU: this Triton interpreter "
                          "multiplies bf16 dot operands as integers")
     if partials_2d is None and not mma:
@@ -138,11 +151,11 @@ def _plan(T: int, H: int, device_index: int, rmsnorm: bool, block_k, num_splits,
         # benchmarks/results/hc_head/hc_head.md
         # (1-D) and hc_head_launch_lean.md (2-D), and sweep_hc_head_partials.json.
         partials_2d = rmsnorm and T * H >= 1024 * 7168
-    cfg = hc_head_config(T, H, num_sms(device_index), block_k, num_splits, block_h,
-                         partials_2d, block_t, mma, stages, sumsq_dot)
+    cfg = hc_head_config(T, H, num_sms, block_k, num_splits, block_h, partials_2d, block_t,
+                         mma, stages, sumsq_dot)
     if pdl is None:
-        pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
-    elif pdl and not supports_pdl(device_index):
+        pdl = T <= PDL_MAX_TOKENS and pdl_capable
+    elif pdl and not pdl_capable:
         raise ValueError("pdl needs an sm_90+ GPU")
     if evict_hints is None:
         # x (> 50 MB at T = 1024, H = 7168) kept in L2 by the partials and dropped by the

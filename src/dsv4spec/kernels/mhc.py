@@ -61,10 +61,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevic
 
 from dsv4spec.kernels import on_rocm
 from dsv4spec.kernels.device import (
+    cdiv,
     interpreter_multiplies_bf16,
     load_pre_params,
     load_streams,
     mix_rstd,
+    next_power_of_2,
     num_sms,
     round_to,
     split_bf16x3,
@@ -835,7 +837,11 @@ class _Config(NamedTuple):
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
             prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
-            stages=None, presplit=None, boundary=False) -> _Config:
+            stages=None, presplit=None, boundary=False, on_gpu=None,
+            release=None) -> _Config:
+    # on_gpu: plan as on an sm_90+ NVIDIA GPU (True) or in the interpreter (False) whatever
+    # device_index is (the tables' planner queries, no device needed); release: the Triton
+    # (major, minor) the kernels are compiled with, default the imported one
     # Small T (decode) is latency-bound and fn (2.75 MB at H = 7168) dominates: one 64-wide
     # chunk of h per program (112 programs at H = 7168, 64 at H = 4096: ~every SM reads one
     # slice of fn once), up to 8 tokens per program; 112 splits also keep the finalize's tiles
@@ -844,32 +850,35 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # per range from the H200 sweep in benchmarks/results/mhc/mhc_probe.json.
     if mma is None:
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
-               and (device_index >= 0 or interpreter_multiplies_bf16()))
+               and ((device_index >= 0 if on_gpu is None else on_gpu)
+                    or interpreter_multiplies_bf16()))
     if mma:
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
                            token_rows, stages, presplit, boundary)
     small = T <= 32
     invariant = T <= INVARIANT_MAX_TOKENS  # one tiling for all of them
     if block_t is None:
-        block_t = 4 if invariant else min(triton.next_power_of_2(T), 4 if 32 < T <= 64 else 8)
-        if boundary and 8 < T <= 16 and triton_release() >= SMALL_BLOCKS_FROM_TRITON:
+        block_t = 4 if invariant else min(next_power_of_2(T), 4 if 32 < T <= 64 else 8)
+        if (boundary and 8 < T <= 16
+                and (release or triton_release()) >= SMALL_BLOCKS_FROM_TRITON):
             block_t = 4
     if block_k is None:
         block_k = 64 if small else 32
-    n_chunks = triton.cdiv(H, block_k)
+    n_chunks = cdiv(H, block_k)
     if num_splits is None:
         num_splits = n_chunks if small else min(
-            n_chunks, max(1, 4 * num_sms // triton.cdiv(T, block_t)))
-    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-    num_splits = triton.cdiv(n_chunks, chunks_per_split)
+            n_chunks, max(1, 4 * num_sms // cdiv(T, block_t)))
+    chunks_per_split = cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+    num_splits = cdiv(n_chunks, chunks_per_split)
     if block_h is None:
         # the finalize's H-blocks: more, narrower programs while few tokens leave SMs idle
         # (benchmarks/results/mhc/mhc_sweep.json: 256 at T = 3-4 and 512 at 5-8 cut the boundary
         # by 0.4 and 1.2 us at T = 4 and 8)
         block_h = 256 if invariant else 512 if T <= 8 else 1024 if T <= 128 else 512
+    pdl_capable = supports_pdl if on_gpu is None else lambda index: on_gpu
     if pdl is None:
-        pdl = T <= PDL_MAX_TOKENS and supports_pdl(device_index)
-    elif pdl and not supports_pdl(device_index):
+        pdl = T <= PDL_MAX_TOKENS and pdl_capable(device_index)
+    elif pdl and not pdl_capable(device_index):
         raise ValueError("pdl needs an sm_90+ GPU")
     if wait is None:
         # the partials as a dependent launch, fn loaded before the wait, up to 8 tokens: the
@@ -909,11 +918,11 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
     if block_t is None:
         block_t = 64 if token_rows else 32
     block_k = block_k or ((16 if boundary else 32) if token_rows else 64)
-    n_chunks = triton.cdiv(H, block_k)
+    n_chunks = cdiv(H, block_k)
     if num_splits is None:
-        num_splits = min(n_chunks, max(1, 2 * num_sms // triton.cdiv(T, block_t)))
-    chunks_per_split = triton.cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-    num_splits = triton.cdiv(n_chunks, chunks_per_split)
+        num_splits = min(n_chunks, max(1, 2 * num_sms // cdiv(T, block_t)))
+    chunks_per_split = cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
+    num_splits = cdiv(n_chunks, chunks_per_split)
     if block_k > 32 and chunks_per_split == 1:
         # On the H200 (Triton 3.6) the presplit kernel with 64-wide chunks and one chunk per
         # split gave wrong sums (post 0.36-0.81 off, at every stage count, T and width tried)
@@ -1119,6 +1128,14 @@ def mhc_post_head_triton(
     return new, hidden
 
 
+def post_tiling(T: int) -> tuple[int, int]:
+    """``mhc_post``'s default (H-block, warps) at ``T`` tokens."""
+    # H-blocks of 256 up to 2 tokens, 512 up to 8, 1024 up to 32 (4 warps); 256, then 512 with
+    # 2 warps above: the best of benchmarks/results/mhc/mhc_sweep.json per measured T
+    return (256 if T <= 2 else 512 if T <= 8 else 1024 if T <= 32 else 256 if T <= 128
+            else 512), (4 if T <= 32 else 2)
+
+
 def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
                     comb: torch.Tensor, out: torch.Tensor | None = None,
                     block_h: int | None = None, pdl: bool | None = None,
@@ -1127,12 +1144,10 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     (allocated or ``out``)."""
     T, hc, H = residual.shape
     assert hc == HC and T > 0
-    # H-blocks of 256 up to 2 tokens, 512 up to 8, 1024 up to 32 (4 warps); 256, then 512 with
-    # 2 warps above: the best of benchmarks/results/mhc/mhc_sweep.json per measured T
-    block_h = block_h or (256 if T <= 2 else 512 if T <= 8 else 1024 if T <= 32
-                          else 256 if T <= 128 else 512)
+    default_block_h, default_warps = post_tiling(T)
+    block_h = block_h or default_block_h
     if num_warps is None:
-        num_warps = 4 if T <= 32 else 2
+        num_warps = default_warps
     device_index = residual.get_device()
     if pdl is None:
         pdl = POST_PDL and supports_pdl(device_index)

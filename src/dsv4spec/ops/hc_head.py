@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4spec.capture import compile_in_capture_mode
 from dsv4spec.kernels import interpreter_enabled, triton_runs_on
 from dsv4spec.kernels.hc_head import HC, hc_head_triton
+from dsv4spec.kernels.hc_head_plan import plan_on
+from dsv4spec.ops import plan_scan
 from dsv4spec.ops.checked_params import CheckedParams
 
 IMPLS = ("auto", "eager", "compiled", "triton")
@@ -304,3 +308,50 @@ def hc_head_rmsnorm(x, hc_fn, hc_scale, hc_base, norm_weight, *, norm_eps, hc_ep
         ``[T, H]`` (leading dims kept) in ``x.dtype``.
     """
     return _dispatch(x, hc_fn, hc_scale, hc_base, norm_weight, norm_eps, hc_eps, impl)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans, queried without a device (the measured-faster tables: dsv4spec.integrations.plans)
+
+
+def launch_plan(num_tokens: int, hidden_size: int, num_sms: int, *, rmsnorm: bool = False,
+                dtype: torch.dtype = torch.bfloat16) -> tuple[tuple, tuple]:
+    """``(tiling, grid)`` of hc_head's default launches (with the RMSNorm: ``rmsnorm``) at
+    ``num_tokens`` tokens of width ``hidden_size`` on an sm_90+ GPU of ``num_sms`` SMs: the tiling
+    is the kernels, blocks, warps and launch flags, the grid the split count (``plan_scan``)."""
+    plan_scan.check_count("num_tokens", num_tokens)
+    return _planner(hidden_size, num_sms, rmsnorm, dtype)(num_tokens)
+
+
+def _planner(hidden_size, num_sms, rmsnorm, dtype) -> plan_scan.Plan:
+    """``launch_plan`` of one width, GPU and norm flag as a function of T, arguments checked."""
+    plan_scan.check_count("hidden_size", hidden_size)
+    plan_scan.check_count("num_sms", num_sms)
+    rmsnorm = bool(rmsnorm)
+
+    def plan(T):
+        cfg, _, warps = plan_on(T, hidden_size, num_sms, True, True, rmsnorm, dtype=dtype)
+        tiling, grid = plan_scan.tiling_and_grid(cfg)
+        return (*tiling, *warps), grid
+
+    return plan
+
+
+@functools.lru_cache(maxsize=64)
+def tiling_switches(hidden_size: int, max_tokens: int, num_sms: int, *, rmsnorm: bool = False,
+                    dtype: torch.dtype = torch.bfloat16) -> tuple[int, ...]:
+    """The token counts T, ``2 <= T <= max_tokens``, at which hc_head's tiling at width
+    ``hidden_size`` differs from T - 1's (:func:`launch_plan`, run at every count)."""
+    return plan_scan.tiling_switches(_planner(hidden_size, num_sms, rmsnorm, dtype), max_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def first_plan_difference(hidden_size: int, max_tokens: int, num_sms: int, other_num_sms: int,
+                          *, rmsnorm: bool = False,
+                          dtype: torch.dtype = torch.bfloat16) -> int | None:
+    """The smallest token count up to ``max_tokens`` at which hc_head launches another plan
+    (tiling or split count) on a GPU of ``other_num_sms`` SMs than on one of ``num_sms``; None
+    where there is none."""
+    return plan_scan.first_difference(_planner(hidden_size, num_sms, rmsnorm, dtype),
+                                      _planner(hidden_size, other_num_sms, rmsnorm, dtype),
+                                      max_tokens)

@@ -3,13 +3,26 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4spec.kernels import interpreter_enabled, triton_runs_on
-from dsv4spec.kernels.mhc import HC, mhc_post_pre_triton, mhc_post_triton, mhc_pre_triton
+from dsv4spec.kernels.mhc import (
+    HC,
+    POST_PDL,
+    mhc_post_pre_triton,
+    mhc_post_triton,
+    mhc_pre_triton,
+    post_tiling,
+    tiling,
+    triton_release,
+)
+from dsv4spec.ops import plan_scan
 from dsv4spec.ops.checked_params import CheckedParams
 
 IMPLS = ("auto", "reference", "triton")
+PLANNED_OPS = ("mhc_pre", "mhc_post", "mhc_post_pre")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -457,3 +470,59 @@ def mhc_post_pre(
                                    neps)
     return _mhc_post_pre_op(f, residual, post, comb, fn, hc_scale, hc_base, norm_weight,
                             kw["rms_eps"], kw["hc_eps"], sinkhorn_iters, kw["post_mult"], neps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans, queried without a device (the measured-faster tables: dsv4spec.integrations.plans)
+
+
+def launch_plan(op: str, num_tokens: int, hidden_size: int, num_sms: int, *,
+                dtype: torch.dtype = torch.bfloat16,
+                triton_version: str | None = None) -> tuple[tuple, tuple]:
+    """``(tiling, grid)`` of ``op``'s default launches (``"mhc_pre"``, ``"mhc_post"``,
+    ``"mhc_post_pre"``) at ``num_tokens`` tokens of width ``hidden_size`` on an sm_90+ GPU of
+    ``num_sms`` SMs, under ``triton_version`` (default the imported Triton): the tiling is the
+    kernels, blocks, warps and launch flags, the grid the split count (``plan_scan``)."""
+    plan_scan.check_count("num_tokens", num_tokens)
+    return _planner(op, hidden_size, num_sms, dtype, triton_version)(num_tokens)
+
+
+def _planner(op, hidden_size, num_sms, dtype, triton_version) -> plan_scan.Plan:
+    """``launch_plan`` of one op, width, GPU and Triton as a function of T, arguments checked."""
+    if op not in PLANNED_OPS:
+        raise ValueError(f"op must be one of {PLANNED_OPS}, got {op!r}")
+    plan_scan.check_count("hidden_size", hidden_size)
+    plan_scan.check_count("num_sms", num_sms)
+    if op == "mhc_post":  # one launch over (tokens, H-blocks): no split
+        return lambda T: ((*post_tiling(T), POST_PDL), ())
+    release = None if triton_version is None else triton_release(triton_version)
+    boundary = op == "mhc_post_pre"
+
+    def plan(T):
+        cfg = tiling(T, hidden_size, num_sms, dtype=dtype, boundary=boundary, on_gpu=True,
+                     release=release)
+        return plan_scan.tiling_and_grid(cfg)
+
+    return plan
+
+
+@functools.lru_cache(maxsize=64)
+def tiling_switches(op: str, hidden_size: int, max_tokens: int, num_sms: int, *,
+                    dtype: torch.dtype = torch.bfloat16,
+                    triton_version: str | None = None) -> tuple[int, ...]:
+    """The token counts T, ``2 <= T <= max_tokens``, at which ``op``'s tiling at width
+    ``hidden_size`` differs from T - 1's (:func:`launch_plan`, run at every count)."""
+    return plan_scan.tiling_switches(
+        _planner(op, hidden_size, num_sms, dtype, triton_version), max_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def first_plan_difference(op: str, hidden_size: int, max_tokens: int, num_sms: int,
+                          other_num_sms: int, *, dtype: torch.dtype = torch.bfloat16,
+                          triton_version: str | None = None) -> int | None:
+    """The smallest token count up to ``max_tokens`` at which ``op`` launches another plan
+    (tiling or split count) on a GPU of ``other_num_sms`` SMs than on one of ``num_sms``; None
+    where there is none."""
+    return plan_scan.first_difference(
+        _planner(op, hidden_size, num_sms, dtype, triton_version),
+        _planner(op, hidden_size, other_num_sms, dtype, triton_version), max_tokens)

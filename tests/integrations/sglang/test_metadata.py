@@ -285,7 +285,7 @@ def test_first_sight_inside_a_capture_steps_aside(meta, monkeypatch):
 # --- the shipped tables ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", [hooks.PAGE_TABLE, hooks.COMPRESSED])
-def test_shipped_tables_prefer_ours_in_graphs_at_the_measured_shape_only(op):
+def test_shipped_tables_prefer_ours_in_graphs_at_the_measured_shape_only(op, h200_tables):
     lo, hi = MEASURED_ROWS
     for rows in (lo, 4, 8, 32, 128, hi):
         assert hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, True, (9, 0)), rows
@@ -300,7 +300,7 @@ def test_shipped_tables_prefer_ours_in_graphs_at_the_measured_shape_only(op):
         assert not hooks.prefers_dsv4spec(op, lo, MEASURED_PAGES, True, architecture)
 
 
-def test_shipped_tables_through_sglang_call_chains(meta, monkeypatch):
+def test_shipped_tables_through_sglang_call_chains(meta, monkeypatch, h200_tables):
     """At the measured width: eagerly SGLang's results (ours launched once, to compile for the
     capture), inside a capture ours, with SGLang's values over every written extent."""
     sgl, page_mod, c128_mod = meta

@@ -8,6 +8,7 @@ import pytest
 from dsv4spec.bench import vllm_plugin
 from dsv4spec.integrations.vllm.source import vllm_file, vllm_src
 
+
 def test_step_calls_count_each_call_of_one_mtp_step():
     calls = vllm_plugin.step_calls(layers=61, bs=4, k=3)
     count = {}
@@ -32,7 +33,8 @@ def test_step_rows_sum_served_times():
                                     boundary="mhc_fused_post_pre")
     layers = 43  # DSV4-Flash
     calls = 2 * layers - 1 + 1 + 2 + 2 + 1  # boundaries, mhc_post x2, hc_head x2, mhc_pre x1
-    assert step["model"] == "DSV4-Flash" and step["drafter"] == "mtp" and (step["bs"], step["k"], step["verify_T"]) == (1, 1, 2)
+    assert step["model"] == "DSV4-Flash" and step["drafter"] == "mtp"
+    assert (step["bs"], step["k"], step["verify_T"]) == (1, 1, 2)
     assert step["vllm_step_us"] == pytest.approx(10.0 * calls)
     assert step["plugin_step_us"] == pytest.approx(4.0 * (calls - 2) + 10.0 * 2)
 
@@ -49,7 +51,6 @@ def test_step_calls_of_one_dspark_step_on_0_34():
 
 
 def test_needed_tokens_cover_every_step_sum():
-    rows = []
     for boundary in ("mhc_fused_post_pre", vllm_plugin.REUSE):
         args = type("A", (), {"batch": [1, 8], "drafts": [1, 3], "dspark_block": 7})()
         need = vllm_plugin.needed_tokens(args, boundary)
