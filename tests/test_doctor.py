@@ -3,6 +3,7 @@ the plugins' own decision functions' answers), its exit status, its JSON keys, a
 that matches no tested version, and (on an H200) the whole report validated."""
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,9 @@ def test_what_if_an_h200_lists_the_ranges_the_decision_functions_give(stack, fil
             assert entry["ranges"][label] == direct_spans(decide, keys, top), (engine, hook, label)
     sglang = report["engines"]["sglang"]["hooks"]
     fused_7168 = sglang["mHC mhc_fused_post_pre"]["ranges"][""]["graph"]["7168"]
-    assert fused_7168 == ([[1, 32]] if stack == "3.6" else [[1, 8], [17, 32]])
+    assert fused_7168 == [list(span) for span in
+                          engines["sglang"]["mhc_fused_post_pre"]["graph"][7168]]
+    assert fused_7168[0][0] == 1 and fused_7168[-1][1] == 32
     # the drafts' gate serves every width to the precompiled count; the rollback every call
     assert sglang["draft hc_head"]["ranges"][""]["graph"] == {"*": [[1, 16384]]}
     assert sglang["C128 rollback"]["serves"] and not sglang["C128 rollback"]["ranges"]
@@ -130,13 +133,13 @@ def test_what_if_an_h200_lists_the_ranges_the_decision_functions_give(stack, fil
 def test_a_decision_inside_a_hook_is_what_the_report_shows(monkeypatch):
     """The hc_head hooks' precompiled-count cap lives in their decision functions, so the report
     (which asks those functions) follows it."""
-    monkeypatch.setattr(sglang_hc_head, "PRECOMPILE_MAX_TOKENS", 8)
-    monkeypatch.setattr(vllm_hc_head, "PRECOMPILE_MAX_TOKENS", 8)
+    monkeypatch.setattr(sglang_hc_head, "PRECOMPILE_MAX_TOKENS", 3)
+    monkeypatch.setattr(vllm_hc_head, "PRECOMPILE_MAX_TOKENS", 3)
     report = doctor.build_report(**H200, triton_stack="3.6", numerics=False)
     target = report["engines"]["sglang"]["hooks"]["target hc_head"]["ranges"][""]
-    assert target["graph"] == {"4096": [[1, 8]], "7168": [[1, 8]]}
+    assert target["graph"] == {"4096": [[1, 3]], "7168": [[1, 3]]}
     vllm = report["engines"]["vllm"]["hooks"]["hc_head"]["ranges"][""]
-    assert vllm["eager"] == {"4096": [[1, 8]], "7168": [[1, 8]]}
+    assert vllm["eager"] == {"4096": [[1, 3]], "7168": [[1, 3]]}
 
 
 def test_what_if_with_no_table_for_the_gpu_says_to_tune(capsys):
@@ -214,7 +217,9 @@ def an_h200(monkeypatch):
     """torch as if it saw an H200 as cuda:0 (for what the report does with a visible GPU)."""
     for name, value in (("is_available", True), ("current_device", 0),
                         ("get_device_name", "NVIDIA H200"), ("get_device_capability", (9, 0)),
-                        ("device_count", 1), ("synchronize", None)):
+                        ("device_count", 1), ("synchronize", None),
+                        ("get_device_properties",
+                         types.SimpleNamespace(multi_processor_count=132, name="NVIDIA H200"))):
         monkeypatch.setattr(torch.cuda, name, lambda *args, value=value: value)
 
 

@@ -43,11 +43,12 @@ _STACK_POINTS = {stack: {hook: entry for hook, entry in json.loads(
 _PACKAGED_POINTS = _STACK_POINTS["3.6"]
 _MEASURED = {c for points in _STACK_POINTS.values() for e in points.values()
              for keyed in e["points"].values() for rows in keyed.values() for c, *_ in rows}
-PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
+PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER,
+                 hc_head.DSPARK_HC_HEAD_FASTER]
 # The op each planned hook runs (the SGLang hooks here; the vLLM ones alike), read off the hooks'
 # modules, and its planner's switches and SM-count dependence straight from the ops
 OPS_OF = {"mhc_pre": "mhc_pre", "mhc_post": "mhc_post", "mhc_fused_post_pre": "mhc_post_pre",
-          "target_hc_head": "hc_head", "hc_head": "hc_head"}
+          "target_hc_head": "hc_head", "dspark_hc_head": "hc_head", "hc_head": "hc_head"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,6 +135,8 @@ def plugin_decides(hook: str, key: int, count: int, in_graph: bool, architecture
         return mhc.prefers_dsv4spec(hook, count, key, in_graph, architecture)
     if hook == "target_hc_head":
         return hc_head.target_prefers_dsv4spec(count, key, in_graph, architecture)
+    if hook == "dspark_hc_head":
+        return hc_head.dspark_prefers_dsv4spec(count, key, in_graph, architecture)
     return metadata.prefers_dsv4spec(hook, count, key, in_graph, architecture)
 
 
@@ -223,7 +226,7 @@ def test_no_planner_switch_falls_inside_an_extended_range_of_a_packaged_table(na
                                 if lo < s <= hi and s not in measured]
     assert not crossed, crossed
     planned = [h for hooks in data["engines"].values() for h in hooks if h in OPS_OF]
-    assert len(planned) == 8 and all(switches(h, 7168, stack) for h in planned)
+    assert len(planned) == 9 and all(switches(h, 7168, stack) for h in planned)
 
 
 @pytest.mark.parametrize("stack", list(STACK_FILES))

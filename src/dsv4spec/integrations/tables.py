@@ -466,7 +466,7 @@ def chain_files(architecture: Architecture | None,
     if architecture is None:
         return []
     name = device_name if device_name is not None else _device_name(architecture)
-    return [path for path, _ in _chain(name, architecture)]
+    return [source.path for source in _chain(name, architecture)]
 
 
 def stack_validated(architecture: Architecture | None, device_name: str | None = None) -> bool:
