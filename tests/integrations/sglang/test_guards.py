@@ -207,6 +207,23 @@ def test_deterministic_verdict_waits_for_sglang_to_publish_it(monkeypatch):
     assert hooks.sglang_deterministic() is True and hooks._deterministic is True
 
 
+def test_deterministic_verdict_follows_each_published_engine(monkeypatch):
+    """An engine rebuilt in the same process publishes new server arguments: the deterministic
+    verdict is read again for them (a deterministic engine after a plain one steps aside)."""
+    deterministic_sglang(monkeypatch, False, False)
+    context = sys.modules["sglang.srt.runtime_context"]
+    flags = types.SimpleNamespace(
+        deterministic=types.SimpleNamespace(enable_deterministic_inference=False))
+    context.get_exec = lambda: flags
+    context._CONTEXT = types.SimpleNamespace(_server_args=object())
+    assert hooks.sglang_deterministic() is False
+    flags.deterministic.enable_deterministic_inference = True  # read once per publish
+    assert hooks.sglang_deterministic() is False
+    context._CONTEXT._server_args = object()  # a new engine published its arguments
+    assert hooks.sglang_deterministic() is True
+    assert hooks.sglang_deterministic() is True
+
+
 def test_rollback_steps_aside_on_rocm(sgl, monkeypatch):
     monkeypatch.setattr(rollback, "on_rocm", lambda: True)
     sgl.install()

@@ -41,7 +41,7 @@ from dsv4spec.integrations.hooks import (
     gpu_architecture,
     measured_faster,
 )
-from dsv4spec.integrations.sglang.served_model import only_for_dsv4
+from dsv4spec.integrations.sglang.served_model import only_for_dsv4, published_arguments
 from dsv4spec.integrations.tables import faster_table, stack_validated
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.kernels.hc_head import HC
@@ -70,6 +70,8 @@ DSPARK_HC_HEAD_FASTER: FasterTable = faster_table("sglang", "dspark_hc_head")
 _warned: set[str] = set()
 _ready: dict[tuple, tuple[int, int] | None] = {}
 _deterministic: bool | None = None
+# the published server arguments _deterministic was read under (a new publish reads it again)
+_deterministic_for: object | None = None
 
 
 def target_prefers_dsv4spec(num_tokens: int, hidden_size: int, in_graph: bool,
@@ -126,11 +128,13 @@ def _architecture(x: torch.Tensor) -> tuple[int, int] | None:
 def sglang_deterministic() -> bool:
     """Whether SGLang runs in deterministic inference or batch-invariant mode.
 
-    Read from the SGLang modules already loaded (nothing is imported); remembered once SGLang has
-    published its configuration, since both are fixed at server start.
+    Read from the SGLang modules already loaded (nothing is imported); remembered for the server
+    arguments SGLang has published (both are fixed when an engine starts; an engine rebuilt in
+    the same process publishes new arguments, and the verdict is read again for them).
     """
-    global _deterministic
-    if _deterministic is not None:
+    global _deterministic, _deterministic_for
+    published = published_arguments()
+    if _deterministic is not None and _deterministic_for is published:
         return _deterministic
     invariant = sys.modules.get("sglang.srt.batch_invariant_ops")
     if invariant is not None and invariant.is_batch_invariant_mode_enabled():
@@ -142,7 +146,7 @@ def sglang_deterministic() -> bool:
         verdict = bool(context.get_exec().deterministic.enable_deterministic_inference)
     except (ValueError, AttributeError):  # not published yet: ask again next call
         return False
-    _deterministic = verdict
+    _deterministic, _deterministic_for = verdict, published
     return verdict
 
 

@@ -64,6 +64,16 @@ def served_model_type() -> str | None:
     return model_type if isinstance(model_type, str) else None
 
 
+def published_arguments() -> object | None:
+    """The server arguments SGLang's active runtime context holds (what ``get_server_args()``
+    returns; None where nothing is published or no runtime context is loaded), read inline: the
+    per-engine verdicts are keyed on it, at every hook call."""
+    try:
+        return sys.modules[RUNTIME_CONTEXT_MODULE]._CONTEXT._server_args
+    except (KeyError, AttributeError):
+        return None
+
+
 def serves_dsv4() -> bool:
     """Whether SGLang serves DeepSeek-V4 (``model_type == "deepseek_v4"``) in this process, for
     the server arguments published now.
@@ -74,13 +84,7 @@ def serves_dsv4() -> bool:
     are published, remembered for them (an unreadable model type is not DeepSeek-V4, and the
     model config is not rebuilt at every call).
     """
-    # The arguments the active context holds (what ``get_server_args()`` returns, None where
-    # nothing is published), read inline: this runs at every hook call. Every SGLang server has
-    # loaded its runtime context, so the except clause is for processes without one.
-    try:
-        published = sys.modules[RUNTIME_CONTEXT_MODULE]._CONTEXT._server_args
-    except (KeyError, AttributeError):
-        published = None
+    published = published_arguments()
     entry = _verdicts.get(id(published))
     if entry is not None:
         return entry[1]
