@@ -1,6 +1,7 @@
-"""The Python examples of docs/ops.md run as written: each ```python block, in a fresh interpreter (a
-user's: no TRITON_INTERPRET), in a scratch working directory, each in its own namespace. A block
-right after the line ``<!-- readme-test: needs a CUDA GPU -->`` runs only where CUDA is."""
+"""The Python examples of docs/ops.md run as written: each ```python block, in a fresh
+interpreter (a user's: no TRITON_INTERPRET), in a scratch working directory, each in its own
+namespace. A block right after the line ``<!-- readme-test: needs a CUDA GPU -->`` runs only
+where CUDA is."""
 
 import json
 import os
