@@ -67,10 +67,11 @@ def cited_files(unit: str) -> list[Path]:
             found = [path] if path.is_file() else []
         assert found, f"cites {cite}, which does not exist: {unit[:200]}"
         files += found
+    files = list(dict.fromkeys(files))
     folders = {f.parent for f in files}
     for name in NAME.findall(unit):
         files += [folder / name for folder in folders if (folder / name).is_file()]
-    return files
+    return list(dict.fromkeys(files))
 
 
 def numbers_in(files: list[Path]) -> set[float]:
