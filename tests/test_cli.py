@@ -58,13 +58,16 @@ def test_help_lists_every_command_and_benchmark_with_its_summary(capsys):
     assert exit_.value.code == EXIT_USAGE
 
 
-def test_the_summary_and_the_readme_name_every_command():
+def test_the_summary_the_readme_and_the_cli_doc_name_every_command():
     summary = build_parser().description
-    section = (ROOT / "README.md").read_text().split("## The command line", 1)[1]
+    readme = (ROOT / "README.md").read_text()
+    readme_list = next(p for p in readme.split("\n\n") if "`dsv4spec --help` lists" in p)
+    section = (ROOT / "docs" / "cli.md").read_text().split("## The command line", 1)[1]
     listed = section.split("\n\n", 2)[1]  # the paragraph listing the commands
     for name in [*COMMANDS, "bench"]:
         assert re.search(rf"\b{name}\b", summary), (name, summary)
         assert f"`{name}" in listed, (name, listed)
+        assert f"`{name}" in readme_list, (name, readme_list)
 
 
 def test_train_tiny_one_step_writes_a_checkpoint_that_generate_reads(tmp_path, capsys,

@@ -1,6 +1,7 @@
-"""The README's Python examples run as written: each ```python block, in a fresh interpreter (a
-user's: no TRITON_INTERPRET), in a scratch working directory, each in its own namespace. A block
-right after the line ``<!-- readme-test: needs a CUDA GPU -->`` runs only where CUDA is."""
+"""The Python examples of docs/ops.md run as written: each ```python block, in a fresh
+interpreter (a user's: no TRITON_INTERPRET), in a scratch working directory, each in its own
+namespace. A block right after the line ``<!-- readme-test: needs a CUDA GPU -->`` runs only
+where CUDA is."""
 
 import json
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPS_DOC = Path(__file__).resolve().parents[1] / "docs" / "ops.md"
 GPU_MARK = "<!-- readme-test: needs a CUDA GPU -->"
 BLOCK = re.compile(r"^(?P<mark>[^\n]*)\n```python\n(?P<code>.*?)^```$", re.M | re.S)
 
@@ -20,7 +21,7 @@ import json, sys, traceback
 results = []
 for index, code in json.load(sys.stdin):
     try:
-        exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "__main__"})
+        exec(compile(code, f"docs/ops.md python block {index}", "exec"), {"__name__": "__main__"})
         results.append([index, None])
     except BaseException:
         results.append([index, traceback.format_exc()])
@@ -29,12 +30,12 @@ print("RESULTS " + json.dumps(results))
 
 
 def python_blocks() -> list[tuple[int, str, bool]]:
-    """(index, code, needs a GPU) of every ```python block in README.md."""
+    """(index, code, needs a GPU) of every ```python block in docs/ops.md."""
     return [(i, m["code"], m["mark"].strip() == GPU_MARK)
-            for i, m in enumerate(BLOCK.finditer(README.read_text()))]
+            for i, m in enumerate(BLOCK.finditer(OPS_DOC.read_text()))]
 
 
-def test_readme_has_python_examples_and_marks_few_as_gpu_only():
+def test_ops_doc_has_python_examples_and_marks_few_as_gpu_only():
     blocks = python_blocks()
     assert len(blocks) >= 7
     assert sum(gpu for _, _, gpu in blocks) <= 2
@@ -43,7 +44,7 @@ def test_readme_has_python_examples_and_marks_few_as_gpu_only():
         assert gpu == ('device="cuda"' in statements), code
 
 
-def test_readme_python_blocks_run_as_written(tmp_path):
+def test_ops_doc_python_blocks_run_as_written(tmp_path):
     cuda = torch.cuda.is_available()
     todo = [(i, code) for i, code, gpu in python_blocks() if cuda or not gpu]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -1,0 +1,123 @@
+"""A measured number the user-facing docs quote next to a results file is in that file.
+
+For each table row and each sentence of the docs below that cites a file under
+`benchmarks/results/` (a markdown link or a backticked path; a folder or a `*` pattern cites
+every file it holds; a bare file name backticked in the same row or sentence is read beside the
+cited files; a table row also carries the citations of its table's header row), every number
+written right before µs/us or × / x (both ends of a range such as `3.7–14.1×`) must occur in
+one of the cited files, as written or equal once thousands separators are removed. Versions,
+dates, line numbers and counts carry no such unit and are not checked."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", "docs/sglang.md", "docs/vllm.md"]
+
+NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+QUOTE = re.compile(rf"(?<![\w.,])({NUMBER})(?:\s*[–-]\s*({NUMBER}))?"
+                   r"(?:\s*(?:µs|us)(?!\w)|[×x](?!\w))")
+CITE = re.compile(r"benchmarks/results/[\w./*<>-]*")
+NAME = re.compile(r"`([\w.*-]+\.(?:md|json|log))`")
+
+
+def value(number: str) -> float:
+    """A number as written, thousands separators removed: 1,134.9 and 1134.90 are equal."""
+    return float(number.replace(",", ""))
+
+
+def units(text: str) -> list[str]:
+    """The table rows and the sentences of a markdown text, code blocks left out; a row also
+    carries the citations of its table's header row."""
+    out, paragraph, in_code, header = [], [], False, None
+    for line in text.splitlines() + [""]:
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if line.startswith("|") or not line.strip() or line.startswith("#"):
+            if paragraph:
+                out += re.split(r"(?<=\.)\s+(?=[A-Z(`*\[])", " ".join(paragraph))
+                paragraph = []
+            if line.startswith("|"):  # a row, with what the table's header row cites
+                header = line if header is None else header
+                cites = CITE.findall(header) + [f"`{n}`" for n in NAME.findall(header)]
+                out.append(line if line is header else " ".join([line, *cites]))
+            else:
+                header = None
+            continue
+        header = None
+        paragraph.append(line.strip())
+    return out
+
+
+def cited_files(unit: str) -> list[Path]:
+    files: list[Path] = []
+    for cite in CITE.findall(unit):
+        cite = cite.rstrip(".,;:")
+        path = ROOT / cite
+        if "*" in cite:
+            found = sorted(ROOT.glob(cite))
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file())
+        else:
+            found = [path] if path.is_file() else []
+        assert found, f"cites {cite}, which does not exist: {unit[:200]}"
+        files += found
+    files = list(dict.fromkeys(files))
+    folders = {f.parent for f in files}
+    for name in NAME.findall(unit):
+        files += [folder / name for folder in folders if (folder / name).is_file()]
+    return list(dict.fromkeys(files))
+
+
+def numbers_in(files: list[Path]) -> set[float]:
+    found: set[float] = set()
+    for f in files:
+        text = f.read_text(errors="replace")
+        found |= {value(n) for n in re.findall(rf"(?<![\w.])(?:{NUMBER})", text)}
+    return found
+
+
+def quoted(unit: str) -> list[str]:
+    return [n for m in QUOTE.finditer(unit) for n in m.groups() if n]
+
+
+def wrong_numbers(text: str) -> list[str]:
+    wrong = []
+    for unit in units(text):
+        if not CITE.search(unit):
+            continue
+        files = cited_files(unit)
+        known = numbers_in(files)
+        missing = [n for n in quoted(unit) if value(n) not in known]
+        if missing:
+            wrong.append(f"{missing} not in {[str(f.relative_to(ROOT)) for f in files]}:\n"
+                         f"    {unit[:300]}")
+    return wrong
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_quoted_numbers_are_in_the_cited_results(doc):
+    wrong = wrong_numbers((ROOT / doc).read_text())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_cites_results_for_its_numbers():
+    readme = (ROOT / "README.md").read_text()
+    checked = [u for u in units(readme) if CITE.search(u) and quoted(u)]
+    assert len(checked) >= 8  # the step table's rows
+
+
+def test_a_wrong_number_fails():
+    cite = "[`benchmarks/results/cleanup/cleanup.md`](benchmarks/results/cleanup/cleanup.md)"
+    assert not wrong_numbers(f"| fused | 1.24 µs | 37.9 µs | {cite} |\n")
+    assert wrong_numbers(f"| fused | 1.25 µs | 37.9 µs | {cite} |\n")
+    assert wrong_numbers(f"The loop takes 584.1 µs, 53× the fused 11.1 µs ({cite}).\n")
+    absent = "benchmarks/" + "results" + "/no-such/file.md"  # not a citation of the repository
+    with pytest.raises(AssertionError, match="does not exist"):
+        wrong_numbers(f"It takes 1.24 µs (`{absent}`).\n")
+    assert not wrong_numbers("It takes 1.25 µs, measured nowhere.\n")  # no citation: unchecked
