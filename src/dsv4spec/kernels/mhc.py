@@ -1166,9 +1166,10 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
     return out
 
 
-# For scripts that time or sweep each launch on its own (scripts/mhc_probe.py): the jit kernels,
-# the tiling planner (overrides: block_t, block_k, num_splits, block_h, warps, pdl), and the
-# output allocation and launches of mhc_pre_triton.
+# For scripts that time or sweep each launch on its own
+# (benchmarks/results/archive/scripts/mhc_probe.py): the jit kernels, the tiling planner
+# (overrides: block_t, block_k, num_splits, block_h, warps, pdl), and the output allocation and
+# launches of mhc_pre_triton.
 JIT_KERNELS = {"partials": _mhc_partials_kernel, "partials_mma": _mhc_partials_mma_kernel,
                "partials_token_mma": _mhc_partials_token_mma_kernel,
                "finalize": _mhc_finalize_kernel,

@@ -5,7 +5,7 @@ them, the finalize's H-blocks), ``mhc_post``'s H-blocks, warps and PDL at 1-64 t
 device time of each launch of the defaults and the fastest variants, and the boundary's
 token-row partials against the float64 pre of their own new residual.
 
-    PYTHONPATH=src python3 scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown boundary-rows]
+    PYTHONPATH=src python3 benchmarks/results/archive/scripts/mhc_mid_t.py OUT_DIR [--sweep pre post breakdown boundary-rows]
 
 Every variant is checked against the float64 reference before it is timed (CUDA graph, median).
 Writes OUT_DIR/mhc_mid_t.json as it goes and prints each row (docs/design.md, mHC).

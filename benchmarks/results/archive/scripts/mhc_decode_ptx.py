@@ -5,7 +5,7 @@ H-blocks, both widths. Writes one .ptx per kernel and size into OUT_DIR and prin
 and the plan; the lines of two trees compare their kernels. The constexprs are written out here,
 not taken from the launcher, so that the script also compiles trees older than itself.
 
-    PYTHONPATH=OTHER_TREE/src python3 scripts/mhc_decode_ptx.py OUT_DIR > other.txt
+    PYTHONPATH=OTHER_TREE/src python3 benchmarks/results/archive/scripts/mhc_decode_ptx.py OUT_DIR > other.txt
 """
 
 import hashlib

@@ -1,8 +1,8 @@
 """The mHC ops at decode sizes with one kernels/mhc.py or another: graph µs of the boundary,
 ``mhc_pre`` and ``mhc_post`` at 1-64 tokens, both widths, one JSON line per (T, H).
 
-    PYTHONPATH=src python3 scripts/mhc_mix_ab.py new          # this tree
-    PYTHONPATH=OLD_SRC python3 scripts/mhc_mix_ab.py old      # a copy of src/ with another file
+    PYTHONPATH=src python3 benchmarks/results/archive/scripts/mhc_mix_ab.py new          # this tree
+    PYTHONPATH=OLD_SRC python3 benchmarks/results/archive/scripts/mhc_mix_ab.py old      # a copy of src/ with another file
 
 Run the sides in turn, each in its own process (new, old, new, old), so that the two share the
 run. ``benchmarks/results/mhc/mhc_mix_ab.md``: the mix as explicit fmas against the compiler's

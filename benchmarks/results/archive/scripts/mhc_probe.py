@@ -3,7 +3,7 @@
 registers and spills per kernel, the host time of an eager call by part, and how far the fp32
 logits are from float64 (ours, and torch's fp32 GEMM for scale).
 
-    PYTHONPATH=src python3 scripts/mhc_probe.py OUT_DIR [--quick]
+    PYTHONPATH=src python3 benchmarks/results/archive/scripts/mhc_probe.py OUT_DIR [--quick]
 
 Writes OUT_DIR/mhc_probe.json and prints a table per part.
 """

@@ -2,7 +2,7 @@
 with ``fn`` split by its own launch or per chunk, against rows (t, i)) timed whole in a CUDA graph,
 each checked against the float64 reference first, and the finalize launch alone at large T.
 
-    PYTHONPATH=src python3 scripts/mhc_large_t.py OUT_DIR [--sweep pre boundary finalize]
+    PYTHONPATH=src python3 benchmarks/results/archive/scripts/mhc_large_t.py OUT_DIR [--sweep pre boundary finalize]
 
 Writes OUT_DIR/mhc_large_t.json as it goes (a row per variant) and prints each row. It sweeps
 the grid behind benchmarks/results/mhc/mhc_large_t.md (docs/design.md, mHC, tokens as rows) in
