@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dsv4spec.ops import mhc_post, mhc_post_head, mhc_post_pre, mhc_pre
+from dsv4spec.ops.checked_params import CheckedParams
 
 from .test_mhc import EPS, ITERS, make_inputs
 from .test_mhc_post_head import tail_inputs
@@ -17,7 +18,7 @@ MHC_OPS = importlib.import_module("dsv4spec.ops.mhc")
 
 @pytest.fixture(autouse=True)
 def _own_checked_params(monkeypatch):
-    monkeypatch.setattr(MHC_OPS, "_CHECKED_PARAMS", {})
+    monkeypatch.setattr(MHC_OPS, "_CHECKED_PARAMS", CheckedParams(MHC_OPS.CHECKED_PARAMS_LIMIT))
 
 
 def test_epsilons_of_zero_are_accepted():
@@ -81,8 +82,10 @@ def test_remembered_parameters_are_checked_again_for_streams_of_another_dtype():
 
 def test_at_most_the_limit_of_parameters_is_remembered():
     x, _, _, _, _, _ = make_inputs(1, 8, torch.float32)
+    alive = []  # the models stay alive: their entries are dropped by the limit alone
     for seed in range(MHC_OPS.CHECKED_PARAMS_LIMIT + 3):
         _, fn, sc, base, _, _ = make_inputs(1, 8, torch.float32, seed=seed)
+        alive.append((fn, sc, base))
         mhc_pre(x, fn, sc, base, **EPS, sinkhorn_iters=1, impl="reference")
     assert len(MHC_OPS._CHECKED_PARAMS) == MHC_OPS.CHECKED_PARAMS_LIMIT
 
