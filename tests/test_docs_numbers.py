@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/sglang.md", "docs/vllm.md", "docs/tables.md", "docs/ops.md",
-        "docs/install.md", "docs/doctor.md"]
+        "docs/design.md", "docs/install.md", "docs/doctor.md"]
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 QUOTE = re.compile(rf"(?<![\w.,])({NUMBER})(?:\s*[–-]\s*({NUMBER}))?"
