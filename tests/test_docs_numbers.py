@@ -15,13 +15,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/sglang.md", "docs/vllm.md", "docs/tables.md", "docs/ops.md",
-        "docs/design.md", "docs/install.md", "docs/doctor.md", "docs/cli.md", "docs/benchmarks.md"]
+        "docs/design.md", "docs/install.md", "docs/doctor.md", "docs/cli.md", "docs/benchmarks.md",
+        "docs/results.md"]
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 QUOTE = re.compile(rf"(?<![\w.,])({NUMBER})(?:\s*[–-]\s*({NUMBER}))?"
                    r"(?:\s*(?:µs|us)(?!\w)|[×x](?!\w))")
 CITE = re.compile(r"benchmarks/results/[\w./*<>-]*")
 NAME = re.compile(r"`([\w.*-]+\.(?:md|json|log))`")
+# under a templated citation, a results path relative to benchmarks/results (`mhc/mhc.md`)
+RELATIVE = re.compile(r"`((?:[\w.-]+/)+[\w.*-]+\.(?:md|json|log))`")
 
 
 def value(number: str) -> float:
@@ -57,9 +60,11 @@ def units(text: str) -> list[str]:
 
 def cited_files(unit: str) -> list[Path]:
     files: list[Path] = []
+    templated = False
     for cite in CITE.findall(unit):
         cite = cite.rstrip(".,;:")
-        if "<" in cite:  # a pattern for the reader (`benchmarks/results/<benchmark>/`), no file
+        if "<" in cite:  # `benchmarks/results/<benchmark>/`: the bare names beside it say which
+            templated = True
             continue
         path = ROOT / cite
         if "*" in cite:
@@ -74,6 +79,16 @@ def cited_files(unit: str) -> list[Path]:
     folders = {f.parent for f in files}
     for name in NAME.findall(unit):
         files += [folder / name for folder in folders if (folder / name).is_file()]
+        if templated:  # the current results folders, not the archive
+            found = [p for p in (ROOT / "benchmarks" / "results").rglob(name)
+                     if "archive" not in p.parts]
+            assert found, f"names {name}, which is in no results folder: {unit[:200]}"
+            files += found
+    if templated:
+        for rel in RELATIVE.findall(unit):
+            found = sorted((ROOT / "benchmarks" / "results").glob(rel))
+            assert found, f"names {rel}, which is not under benchmarks/results: {unit[:200]}"
+            files += found
     return list(dict.fromkeys(files))
 
 
