@@ -97,15 +97,24 @@ def test_without_sglang_runtime_context_steps_aside(monkeypatch):
     assert gated() is STEP_ASIDE and calls == [] and remembered() == []
 
 
-@pytest.mark.parametrize("model_type", [None, 4, ["deepseek_v4"]])
+@pytest.mark.parametrize("model_type", [None, 4, ["deepseek_v4"], b"deepseek_v4"])
 def test_unreadable_model_type_steps_aside(serves, monkeypatch, model_type):
+    """A model type that is not a string is unreadable (never passed on as a model type)."""
     serves()
     context = sys.modules[standins.RUNTIME_CONTEXT_MOD]
     monkeypatch.setattr(context, "process_model_config",
                         lambda: types.SimpleNamespace(hf_config=types.SimpleNamespace(
                             model_type=model_type)))
+    assert served_model.served_model_type() is None
     calls, gated = spy()
     assert gated() is STEP_ASIDE and calls == []
+
+
+def test_a_string_model_type_is_read_as_is(serves):
+    serves("glm5_next")
+    assert served_model.served_model_type() == "glm5_next"
+    serves()
+    assert served_model.served_model_type() == served_model.DSV4_MODEL_TYPE
 
 
 def test_under_torch_compile_nothing_is_read(dsv4_served, monkeypatch):
