@@ -47,6 +47,17 @@ def link_preinstalled(name: str, into: Path) -> None:
                 (into / top).symlink_to(site / top)
 
 
+def copy_source_tree(dest: Path) -> Path:
+    """What pip builds dsv4spec from (pyproject, README, src/), copied to ``dest``: nothing is
+    written into the checkout."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "src", dest / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
 def test_pip_install_with_torch_only_runs_demo_generate_and_train_tiny(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -57,12 +68,7 @@ def test_pip_install_with_torch_only_runs_demo_generate_and_train_tiny(tmp_path)
     link_preinstalled("torch", tmp_path / "preinstalled")
     (site / "preinstalled.pth").write_text(str(tmp_path / "preinstalled") + "\n")
 
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src", source / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    source = copy_source_tree(tmp_path / "source")
     (tmp_path / "constraints.txt").write_text(
         f"triton=={importlib.metadata.version('triton')}\n")
     install = subprocess.run(

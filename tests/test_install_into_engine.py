@@ -11,7 +11,6 @@ satisfy fails the resolution instead of downloading."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +18,18 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from .test_install import copy_source_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {"sglang", "vllm"}
 # What an engine's environment already holds and installing the plugin must leave as it is.
 STACK = {"torch", "triton", *ENGINES}
 # pip as a fresh machine runs it: no configuration file, no PIP_* variable (a machine's own
 # constraints or find-links would change what is resolved).
-PIP_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+# pip without its configuration, and without PYTHONPATH: a checkout's src/ on it (with its
+# dsv4spec.egg-info) would show pip a dsv4spec already installed
+PIP_ENV = {**{k: v for k, v in os.environ.items()
+              if not k.startswith("PIP_") and k != "PYTHONPATH"},
            "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 # Specifiers that can refuse a newer release than some engine's (an upper bound, an exact pin).
 UPPER = {"<", "<=", "==", "===", "~="}
@@ -58,12 +62,7 @@ def wheel(tmp_path_factory) -> Path:
     """dsv4spec's wheel, built offline from a copy of the source tree (nothing is written into
     the checkout)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src", source / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    source = copy_source_tree(tmp / "source")
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
                           "--no-build-isolation", "-w", str(tmp / "dist"), str(source)],
                          capture_output=True, text=True, timeout=300, env=PIP_ENV)
