@@ -20,15 +20,7 @@ shift
 STEPS=${*:-vllm034 vllm033 precompile dspark tune tests tests-vllm}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-status=0
-step() { echo "=== $1 ($(date -u +%H:%M:%S))"; }
-unpack() {  # unpack BUNDLE into DIR once
-  [ -e "$2/.done" ] && return 0
-  [ -f "$1" ] || return 0
-  mkdir -p "$2" && xz -dc "$1" | tar -x -C "$2" && touch "$2/.done"
-}
+. scripts/gpu_lib.sh
 for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
 unpack .device-sg/sglang_subset.tar.xz /tmp/sg
 [ -e /tmp/sg/.done ] && export DSV4SPEC_SGLANG_ROOT=/tmp/sg
@@ -43,10 +35,7 @@ export PYTHONPATH=$P
 V34=$PWD/.vllm-src/0.34.0
 V33=$PWD/.vllm-src/0.33.0
 
-step environment
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/environment.txt"
+environment "$OUT"
 
 for s in $STEPS; do
   case $s in

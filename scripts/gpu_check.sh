@@ -14,15 +14,10 @@ shift
 STEPS=${*:-tests eager-cost cleanup hc-head sanitizer}
 mkdir -p "$OUT/results"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-status=0
-step() { echo "=== $1 ($(date -u +%H:%M:%S))"; }
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+. scripts/gpu_lib.sh
 
-step environment
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/environment.txt"
+environment "$OUT"
 
 for s in $STEPS; do
   case $s in

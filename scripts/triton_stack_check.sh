@@ -24,15 +24,7 @@ shift
 STEPS=${*:-tests38 cached36 stack ab}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-status=0
-step() { echo "=== $1 ($(date -u +%H:%M:%S))"; }
-unpack() {  # unpack BUNDLE into DIR once
-  [ -e "$2/.done" ] && return 0
-  [ -f "$1" ] || return 0
-  mkdir -p "$2" && xz -dc "$1" | tar -x -C "$2" && touch "$2/.done"
-}
+. scripts/gpu_lib.sh
 for b in .device/triton38_*.tar.xz; do unpack "$b" /tmp/t38; done
 for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
 unpack .device-sg/sglang_subset.tar.xz /tmp/sg

@@ -1,0 +1,18 @@
+# What the GPU-run drivers (gpu_check.sh, triton_stack_check.sh, engine_versions_gpu.sh) share,
+# sourced from the checkout's root: the common settings, the step banner, unpacking a carried
+# bundle once, and the record of the GPU and the stack a run used.
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+status=0
+step() { echo "=== $1 ($(date -u +%H:%M:%S))"; }
+unpack() {  # unpack BUNDLE into DIR once
+  [ -e "$2/.done" ] && return 0
+  [ -f "$1" ] || return 0
+  mkdir -p "$2" && xz -dc "$1" | tar -x -C "$2" && touch "$2/.done"
+}
+environment() {  # environment OUT: the GPU, and torch / CUDA / Triton as PYTHONPATH finds them
+  step environment
+  { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+    $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  } 2>&1 | tee "$1/environment.txt"
+}
