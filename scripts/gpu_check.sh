@@ -3,7 +3,7 @@
 # whose python3 already has torch and triton (no network needed).
 #   scripts/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests tests-plugin sanitizer eager-cost cleanup hc-head model-step e2e e2e-fp32
-#          sweep-partials plugin mhc metadata
+#          sweep-partials plugin mhc metadata pdl
 #   (default: tests eager-cost cleanup hc-head sanitizer); cleanup:quick, hc-head:quick and e2e:quick run the short versions.
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
@@ -49,6 +49,16 @@ for s in $STEPS; do
       $PY -m pytest -m gpu -q -p no:cacheprovider tests/integrations tests/kernels \
         tests/ops/test_hc_head.py tests/ops/test_c128_cleanup.py 2>&1 \
         | tee "$OUT/pytest_gpu_plugin.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    pdl)
+      # the mHC ops' PDL order: the ordering test, the mHC GPU tests, both orders timed
+      step "pytest -m gpu: PDL order and the mHC ops"
+      $PY -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_pdl_order.py \
+        tests/kernels/test_mhc_variants.py tests/ops/test_mhc.py tests/ops/test_mhc_post_head.py \
+        2>&1 | tee "$OUT/pytest_gpu_pdl.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      step "dsv4spec bench pdl"
+      $PY -m dsv4spec.cli bench pdl --out "$OUT/results" 2>&1 | tee "$OUT/bench_pdl.log" | tail -50
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     eager-cost|cleanup|hc-head|model-step|e2e|plugin|mhc|metadata|cleanup:quick|hc-head:quick|e2e:quick|mhc:quick|metadata:quick)
       name=${s%:quick}

@@ -25,7 +25,7 @@ BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_c
               "model-step": "model_step", "e2e": "e2e", "mhc": "mhc", "mhc-sweep": "mhc_sweep",
               "plugin": "plugin", "metadata": "metadata", "vllm": "vllm_plugin",
               "cleanup-sweep": "cleanup_sweep", "hc-head-sweep": "hc_head_sweep",
-              "stack": "stack", "dspark": "dspark"}
+              "stack": "stack", "dspark": "dspark", "pdl": "pdl"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
 EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU

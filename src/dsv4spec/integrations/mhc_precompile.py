@@ -110,7 +110,8 @@ def launches(op: str, T: int, H: int, device_index: int, sig: Signature = Signat
                 {"SINKHORN_ITERS": sig.sinkhorn_iters, "RMSNORM": rmsnorm,
                  "X_EARLY": not boundary, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
                  "BLOCK_H": cfg.block_h, "PDL": cfg.pdl, "FAST_MATH": sig.fast_math,
-                 "VECTOR_SUMS": cfg.vector_sums, "HEAD": False, "SLOT_D": nrows},
+                 "VECTOR_SUMS": cfg.vector_sums, "HEAD": False, "SLOT_D": nrows,
+                 "EARLY_RELEASE": cfg.early_release},
                 {"num_warps": cfg.finalize_warps} | ({"launch_pdl": True} if cfg.pdl else {})))
     return out
 

@@ -88,6 +88,12 @@ WAIT_MAX_TOKENS = 8
 # mhc_post as a programmatic dependent launch on sm_90+: 0.2-2.6 us faster at every measured T
 # (benchmarks/results/mhc/mhc_sweep.json)
 POST_PDL = True
+# The finalize (a programmatic dependent launch) lets the next launch start before its own wait.
+# Safe whatever follows: the launch that may then overlap it is launch 1 alone, which itself
+# started after everything before the boundary had finished (it releases after its wait, or is
+# an ordinary launch), and the finalize's every program waits, so it ends after launch 1 and a
+# dependent's wait covers both (docs/design.md, mHC, programmatic dependent launch).
+FINALIZE_EARLY_RELEASE = True
 # Up to this many tokens one tiling and, T not specialised, one compiled partials and finalize: a
 # token then gets the same bits alone as in a batch (a decode step and the verify of its drafts
 # agree). Per-T tilings and T == 1 specialised gave 28-99 of the 2-32-token batches' outputs
@@ -579,6 +585,7 @@ def _layer_input_block(
     x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, hblock, H, offs_s, mask_s, stride_wk,
     rms_eps, hc_eps, norm_eps, SLOT_D: tl.constexpr, RMSNORM: tl.constexpr,
     X_EARLY: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, VECTOR_SUMS: tl.constexpr,
+    EARLY_RELEASE: tl.constexpr,
 ):
     # One H-block of token t's layer input sum_i w_i x_i (then its RMSNorm), the pre weights w
     # from the dots in slots 0-3 and the Gram sums from slot SLOT_D on: the finalize's programs
@@ -595,6 +602,8 @@ def _layer_input_block(
         nw = tl.load(weight_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()
+        if not EARLY_RELEASE:
+            gdc_launch_dependents()
     if not X_EARLY:
         x0, x1, x2, x3 = load_streams(xr, H, mask_h, "")
     if VECTOR_SUMS:
@@ -639,6 +648,7 @@ def _mhc_finalize_kernel(
     SINKHORN_ITERS: tl.constexpr, RMSNORM: tl.constexpr, X_EARLY: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr, FAST_MATH: tl.constexpr,
     VECTOR_SUMS: tl.constexpr, HEAD: tl.constexpr, SLOT_D: tl.constexpr,
+    EARLY_RELEASE: tl.constexpr,
 ):
     # 1 + NUM_HBLOCKS programs per token: q = 0 writes post and comb, q >= 1 the H-block q - 1
     # of layer_input (with HEAD, NUM_HBLOCKS: the H-block q). Each reduces only the partials it
@@ -656,17 +666,19 @@ def _mhc_finalize_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < NUM_SPLITS
     ws = ws_ptr + t * stride_wt
-    if PDL:  # the next boundary's partials may load their fn now: they wait for this launch
+    if PDL and EARLY_RELEASE:  # the next launch may start now (FINALIZE_EARLY_RELEASE)
         gdc_launch_dependents()
     if HEAD:
         _layer_input_block(x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, q, H, offs_s,
                            mask_s, stride_wk, rms_eps, hc_eps, norm_eps, SLOT_D, RMSNORM,
-                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS)
+                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS, EARLY_RELEASE)
     elif q == 0:
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
         if PDL:
             gdc_wait()
+            if not EARLY_RELEASE:
+                gdc_launch_dependents()
         # every load issued before any reduction (a warp issues in order)
         if VECTOR_SUMS:
             qd0, qd1, qd2, qd3 = _rows4(ws, SLOT_D, stride_wk, offs_s, mask_s, 4)
@@ -763,7 +775,7 @@ def _mhc_finalize_kernel(
     else:
         _layer_input_block(x_ptr, ws, scale_ptr, base_ptr, weight_ptr, out_ptr, t, q - 1, H, offs_s,
                            mask_s, stride_wk, rms_eps, hc_eps, norm_eps, SLOT_D, RMSNORM,
-                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS)
+                           X_EARLY, BLOCK_H, PDL, VECTOR_SUMS, EARLY_RELEASE)
 
 
 @triton.jit
@@ -832,13 +844,15 @@ class _Config(NamedTuple):
     stages: int | None = None
     # with token_rows: fn split into bf16 parts by a launch of its own first
     presplit: bool = False
+    # with pdl: the finalize lets the next launch start before its own wait, else after it
+    early_release: bool = True
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
             prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
             stages=None, presplit=None, boundary=False, on_gpu=None,
-            release=None) -> _Config:
+            release=None, early_release=None) -> _Config:
     # on_gpu: plan as on an sm_90+ NVIDIA GPU (True) or in the interpreter (False) whatever
     # device_index is (the tables' planner queries, no device needed); release: the Triton
     # (major, minor) the kernels are compiled with, default the imported one
@@ -895,8 +909,11 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         # launch at one token holds its fn columns in 4 warps' registers
         warps = (4 if invariant else 2 if 16 < T <= 64 else 4, 1)
     prefetch_fn = bool((wait if prefetch_fn is None else prefetch_fn) and chunks_per_split == 1)
+    if early_release is None:
+        early_release = FINALIZE_EARLY_RELEASE
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
-                   pdl, wait, bool(vector_sums), prefetch_fn or wait)
+                   pdl, wait, bool(vector_sums), prefetch_fn or wait,
+                   early_release=bool(early_release and pdl))
 
 
 def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
@@ -938,7 +955,7 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
         stages = 3
     return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
                    False, mma=True, token_rows=bool(token_rows), stages=stages,
-                   presplit=bool(token_rows and presplit))
+                   presplit=bool(token_rows and presplit), early_release=False)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1023,7 +1040,7 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
         {"SINKHORN_ITERS": sinkhorn_iters, "RMSNORM": rmsnorm, "X_EARLY": boundary is None,
          "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
          "PDL": cfg.pdl, "FAST_MATH": fast_math(x), "VECTOR_SUMS": cfg.vector_sums,
-         "HEAD": head, "SLOT_D": nrows},
+         "HEAD": head, "SLOT_D": nrows, "EARLY_RELEASE": cfg.early_release},
         cfg.finalize_warps, launch_pdl=cfg.pdl,
     )
     partials, finalize = partials_cache.get(key), _FINALIZE.get(key)
