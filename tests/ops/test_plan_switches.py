@@ -80,6 +80,10 @@ def test_launch_plans_are_the_kernels_plans_on_an_sm90_gpu():
         tiling, grid = mhc.launch_plan("mhc_post_pre", T, 7168, H200_SMS, triton_version="3.6")
         assert grid == (cfg.chunks_per_split, cfg.num_splits)
         assert cfg.mma == (T >= mhc_kernels.MMA_MIN_TOKENS) and cfg.pdl == (T <= 16)
+        # the finalize's early release only where it is a dependent launch
+        assert cfg.early_release == (cfg.pdl and mhc_kernels.FINALIZE_EARLY_RELEASE)
+        assert not mhc_kernels.tiling(T, 7168, H200_SMS, dtype=torch.bfloat16, boundary=True,
+                                      on_gpu=True, early_release=False).early_release
     # the Triton 3.8 boundary: 4-token blocks at 9-16 tokens
     assert mhc.launch_plan("mhc_post_pre", 12, 7168, H200_SMS, triton_version="3.8") != (
         mhc.launch_plan("mhc_post_pre", 12, 7168, H200_SMS, triton_version="3.6"))

@@ -58,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token counts T (the finalize is a PDL up to 16)")
     parser.add_argument("--layers", type=int, default=0,
                         help="boundaries per chain (default: 61 at H = 7168, 43 otherwise)")
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES),
+                        help="what to time: one boundary, boundaries back to back, or each "
+                             "boundary followed by a PDL stand-in sublayer kernel")
     parser.add_argument("--repeats", type=int, default=5,
                         help="graph timings per order, the orders interleaved (median reported, "
                              "with the smallest and largest difference)")
