@@ -14,6 +14,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from dsv4spec.ops.plan_scan import check_count
+
 
 class CheckedParams(dict):
     """``key -> (weak references, addresses)`` for parameter tensors that passed an op's checks.
@@ -33,10 +35,8 @@ class CheckedParams(dict):
     __slots__ = ("limit", "__weakref__")
 
     def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
         super().__init__()
-        self.limit = limit
+        self.limit = check_count("limit", limit)
 
     def remember(self, key: Hashable, tensors: Sequence[torch.Tensor]) -> None:
         """Remember that ``tensors`` (whose ids ``key`` holds) passed the checks."""
