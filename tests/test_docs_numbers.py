@@ -3,7 +3,9 @@
 For each table row and each sentence of the docs below that cites a file under
 `benchmarks/results/` (a markdown link or a backticked path; a folder or a `*` pattern cites
 every file it holds; a bare file name backticked in the same row or sentence is read beside the
-cited files; a table row also carries the citations of its table's header row), every number
+cited files; a table row also carries the citations of its table's header row; benchmarks/README.md
+cites `results/...` relative to its folder, and in a table whose header says its files are under
+`results/`, the first column's paths relative to that), every number
 written right before µs/us or × / x (both ends of a range such as `3.7–14.1×`) must occur in
 one of the cited files, as written or equal once thousands separators are removed. Versions,
 dates, line numbers and counts carry no such unit and are not checked."""
@@ -16,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/sglang.md", "docs/vllm.md", "docs/tables.md", "docs/ops.md",
         "docs/design.md", "docs/install.md", "docs/doctor.md", "docs/cli.md", "docs/benchmarks.md",
-        "docs/results.md"]
+        "docs/results.md", "benchmarks/README.md"]
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 QUOTE = re.compile(rf"(?<![\w.,])({NUMBER})(?:\s*[–-]\s*({NUMBER}))?"
@@ -25,6 +27,29 @@ CITE = re.compile(r"benchmarks/results/[\w./*<>-]*")
 NAME = re.compile(r"`([\w.*-]+\.(?:md|json|log))`")
 # under a templated citation, a results path relative to benchmarks/results (`mhc/mhc.md`)
 RELATIVE = re.compile(r"`((?:[\w.-]+/)+[\w.*-]+\.(?:md|json|log))`")
+# in benchmarks/README.md: a results path relative to benchmarks/ (`results/mhc/mhc.md`) and, in
+# the first column of a table "under `results/`", one relative to results/ (`mhc/mhc.{json,md}`)
+LOCAL = re.compile(r"(?<![\w./])results/(?=[\w*<>-])")
+UNDER = re.compile(r"`(?!results/)([\w.-]+/[\w./*{},-]*)`")
+
+
+def rooted(text: str) -> str:
+    """benchmarks/README.md's text with its citations written from the repository root; a
+    `{json,md}` choice of extensions is read as `*`."""
+    lines, under, in_table = [], False, False
+    for line in text.splitlines():
+        if line.startswith("|"):
+            under = under if in_table else "under `results/`" in line
+            in_table = True
+            if under:
+                _, first, rest = line.split("|", 2)
+                first = UNDER.sub(lambda m: "`benchmarks/results/"
+                                  + re.sub(r"\{[\w,]+\}", "*", m[1]) + "`", first)
+                line = f"|{first}|{rest}"
+        else:
+            in_table = under = False
+        lines.append(LOCAL.sub("benchmarks/results/", line))
+    return "\n".join(lines) + "\n"
 
 
 def value(number: str) -> float:
@@ -120,7 +145,8 @@ def wrong_numbers(text: str) -> list[str]:
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_quoted_numbers_are_in_the_cited_results(doc):
-    wrong = wrong_numbers((ROOT / doc).read_text())
+    text = (ROOT / doc).read_text()
+    wrong = wrong_numbers(rooted(text) if doc.startswith("benchmarks/") else text)
     assert not wrong, "\n".join(wrong)
 
 
@@ -128,6 +154,12 @@ def test_the_readme_cites_results_for_its_numbers():
     readme = (ROOT / "README.md").read_text()
     checked = [u for u in units(readme) if CITE.search(u) and quoted(u)]
     assert len(checked) >= 8  # the step table's rows
+
+
+def test_the_benchmarks_readme_cites_results_for_its_numbers():
+    text = rooted((ROOT / "benchmarks" / "README.md").read_text())
+    checked = [u for u in units(text) if CITE.search(u) and quoted(u)]
+    assert len(checked) >= 20
 
 
 def test_a_wrong_number_fails():
@@ -139,3 +171,9 @@ def test_a_wrong_number_fails():
     with pytest.raises(AssertionError, match="does not exist"):
         wrong_numbers(f"It takes 1.24 µs (`{absent}`).\n")
     assert not wrong_numbers("It takes 1.25 µs, measured nowhere.\n")  # no citation: unchecked
+    local = "[`results/cleanup/cleanup.md`](results/cleanup/cleanup.md)"  # benchmarks/README.md's
+    assert not wrong_numbers(rooted(f"| fused | 1.24 µs | 37.9 µs | {local} |\n"))
+    assert wrong_numbers(rooted(f"| fused | 1.25 µs | 37.9 µs | {local} |\n"))
+    table = "| file (under `results/`) | what |\n|---|---|\n"
+    assert not wrong_numbers(rooted(table + "| `cleanup/cleanup.{json,md}` | fused 1.24 µs |\n"))
+    assert wrong_numbers(rooted(table + "| `cleanup/cleanup.{json,md}` | fused 1.25 µs |\n"))
