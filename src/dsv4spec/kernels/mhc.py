@@ -905,8 +905,9 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
         wait = T <= WAIT_MAX_TOKENS
     wait = bool(wait and pdl and chunks_per_split == 1)
     if vector_sums is None:
-        # independent sums where the splits are many (112 at H = 7168): 0.1-0.6 us off the
-        # boundary there; at 64 splits (H = 4096) the tiles are as fast (mhc_sweep.json)
+        # independent sums where the splits are many (112 at H = 7168): 0.03-0.31 us off the
+        # boundary at T = 1-32 there; at 64 splits (H = 4096) the tiles were up to 0.08 us
+        # faster (mhc_sweep.json, "vector" against "default")
         vector_sums = T <= 32 and num_splits >= 96
     if warps is None:
         # the finalize's reductions stay in-warp shuffles with one warp; a dependent partials
