@@ -82,20 +82,12 @@ def launches(op: str, T: int, H: int, device_index: int, sig: Signature = Signat
     out = []
     args1 = (src, f, post_in, comb_in, x, fn, ws, T, H, cfg.num_splits, fn.stride(0),
              ws.stride(0), ws.stride(1))
-    constexprs1 = {"POST": boundary, "GRAM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
-                   "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k}
-    if not cfg.mma:
-        cache = K._PARTIALS
-        constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait,
-                           NROWS=nrows, ROWS_PAD=32 if nrows > 4 else 4)
-    else:
-        cache = K._PARTIALS_TOKEN_MMA if cfg.token_rows else K._PARTIALS_MMA
-        if cfg.token_rows:
-            constexprs1["PRESPLIT"] = cfg.presplit
-        if cfg.presplit:
-            out.append((K._SPLIT_FN, (triton.cdiv(4 * H, 64), 1, 1),
-                        (fn, parts, 4 * H, fn.stride(0)), {"BLOCK_C": 64}, {"num_warps": 4}))
-            args1 = (*args1[:5], parts, *args1[6:])
+    constexprs1 = K.partials_constexprs(cfg, boundary, rmsnorm, nrows)
+    cache = K.partials_kernel(cfg)
+    if cfg.presplit:
+        out.append((K._SPLIT_FN, (triton.cdiv(4 * H, 64), 1, 1),
+                    (fn, parts, 4 * H, fn.stride(0)), {"BLOCK_C": 64}, {"num_warps": 4}))
+        args1 = (*args1[:5], parts, *args1[6:])
     options1 = ({"num_warps": cfg.partials_warps}
                 | ({"num_stages": cfg.stages} if cfg.stages is not None else {})
                 | ({"launch_pdl": True} if cfg.wait else {}))
@@ -107,11 +99,8 @@ def launches(op: str, T: int, H: int, device_index: int, sig: Signature = Signat
                 (x, ws, scale, base, weight, P(f32, (T, hc)), P(f32, (T, hc, hc)),
                  P(sig.dtype, (T, H)), T, H, cfg.num_splits, num_hblocks, eps, eps, eps, 2.0,
                  ws.stride(0), ws.stride(1)),
-                {"SINKHORN_ITERS": sig.sinkhorn_iters, "RMSNORM": rmsnorm,
-                 "X_EARLY": not boundary, "BLOCK_S": triton.next_power_of_2(cfg.num_splits),
-                 "BLOCK_H": cfg.block_h, "PDL": cfg.pdl, "FAST_MATH": sig.fast_math,
-                 "VECTOR_SUMS": cfg.vector_sums, "HEAD": False, "SLOT_D": nrows,
-                 "EARLY_RELEASE": cfg.early_release},
+                K.finalize_constexprs(cfg, sig.sinkhorn_iters, rmsnorm, boundary, False,
+                                      sig.fast_math, nrows),
                 {"num_warps": cfg.finalize_warps} | ({"launch_pdl": True} if cfg.pdl else {})))
     return out
 

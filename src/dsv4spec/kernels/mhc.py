@@ -1020,21 +1020,12 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
     grid1 = (triton.cdiv(T, cfg.block_t) * cfg.num_splits, 1, 1)
     args1 = (src, f, post_in, comb_in, x, fn, ws, T, H, cfg.num_splits, fn.stride(0),
              ws.stride(0), ws.stride(1))
-    constexprs1 = {"POST": boundary is not None, "GRAM": rmsnorm,
-                   "CHUNKS_PER_SPLIT": cfg.chunks_per_split, "BLOCK_T": cfg.block_t,
-                   "BLOCK_K": cfg.block_k}
-    if not cfg.mma:
-        partials_cache = _PARTIALS
-        constexprs1.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait,
-                           NROWS=nrows, ROWS_PAD=32 if nrows > 4 else 4)
-    else:
-        partials_cache = _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
-        if cfg.token_rows:
-            constexprs1["PRESPLIT"] = cfg.presplit
-        if cfg.presplit:
-            _SPLIT_FN.launch(key, (triton.cdiv(4 * H, 64), 1, 1), (fn, parts, 4 * H, fn.stride(0)),
-                             {"BLOCK_C": 64}, 4)
-            args1 = (*args1[:5], parts, *args1[6:])
+    constexprs1 = partials_constexprs(cfg, boundary is not None, rmsnorm, nrows)
+    partials_cache = partials_kernel(cfg)
+    if cfg.presplit:
+        _SPLIT_FN.launch(key, (triton.cdiv(4 * H, 64), 1, 1), (fn, parts, 4 * H, fn.stride(0)),
+                         {"BLOCK_C": 64}, 4)
+        args1 = (*args1[:5], parts, *args1[6:])
     partials_cache.launch(key, grid1, args1, constexprs1, cfg.partials_warps,
                           num_stages=cfg.stages, launch_pdl=cfg.wait)
     num_hblocks = triton.cdiv(H, cfg.block_h)
@@ -1042,16 +1033,42 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
         key, (T * (num_hblocks + (0 if head else 1)), 1, 1),
         (x, ws, hc_scale, hc_base, weight, post_out, comb_out, out, T, H, cfg.num_splits,
          num_hblocks, rms_eps, hc_eps, norm_eps, post_mult, ws.stride(0), ws.stride(1)),
-        {"SINKHORN_ITERS": sinkhorn_iters, "RMSNORM": rmsnorm, "X_EARLY": boundary is None,
-         "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
-         "PDL": cfg.pdl, "FAST_MATH": fast_math(x), "VECTOR_SUMS": cfg.vector_sums,
-         "HEAD": head, "SLOT_D": nrows, "EARLY_RELEASE": cfg.early_release},
+        finalize_constexprs(cfg, sinkhorn_iters, rmsnorm, boundary is not None, head,
+                            fast_math(x), nrows),
         cfg.finalize_warps, launch_pdl=cfg.pdl,
     )
     partials, finalize = partials_cache.get(key), _FINALIZE.get(key)
     split = _SPLIT_FN.get(key) if cfg.presplit else None
     if partials is not None and finalize is not None and (split is not None or not cfg.presplit):
         _DIRECT[key] = (partials, finalize, split)
+
+
+def partials_kernel(cfg: _Config) -> LaunchCache:
+    """Launch 1's kernel for ``cfg``: on CUDA cores, or on tensor cores by rows (t, i) or tokens."""
+    if not cfg.mma:
+        return _PARTIALS
+    return _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
+
+
+def partials_constexprs(cfg: _Config, boundary: bool, rmsnorm: bool, nrows: int) -> dict:
+    """Launch 1's constexprs (the vLLM plugin's precompile builds the same launches)."""
+    out = {"POST": boundary, "GRAM": rmsnorm, "CHUNKS_PER_SPLIT": cfg.chunks_per_split,
+           "BLOCK_T": cfg.block_t, "BLOCK_K": cfg.block_k}
+    if not cfg.mma:
+        out.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait, NROWS=nrows,
+                   ROWS_PAD=32 if nrows > 4 else 4)
+    elif cfg.token_rows:
+        out["PRESPLIT"] = cfg.presplit
+    return out
+
+
+def finalize_constexprs(cfg: _Config, sinkhorn_iters: int, rmsnorm: bool, boundary: bool,
+                        head: bool, fast: bool, nrows: int) -> dict:
+    """The finalize's constexprs (the vLLM plugin's precompile builds the same launches)."""
+    return {"SINKHORN_ITERS": sinkhorn_iters, "RMSNORM": rmsnorm, "X_EARLY": not boundary,
+            "BLOCK_S": triton.next_power_of_2(cfg.num_splits), "BLOCK_H": cfg.block_h,
+            "PDL": cfg.pdl, "FAST_MATH": fast, "VECTOR_SUMS": cfg.vector_sums, "HEAD": head,
+            "SLOT_D": nrows, "EARLY_RELEASE": cfg.early_release}
 
 
 def fast_math(x: torch.Tensor) -> bool:
