@@ -20,7 +20,8 @@ default or an expression changes it.
 
 The running engine's source is read from the files (``ast``), never imported. Nothing here raises
 into a caller that asks for a verdict: :func:`verdicts` turns any failure into "step aside" with
-the reason.
+the reason. The packaged manifests are written by :mod:`dsv4spec.integrations.write_manifest`,
+which holds both plugins' specs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -450,40 +450,3 @@ def source_root(file: str | None, package: str, relpath: str) -> Path | None:
     if path.parts[-len(tail):] != tail:
         return None
     return Path(*path.parts[:-len(tail)])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dsv4spec.integrations.manifest ENGINE SOURCE_ROOT VERSION [OUT_DIR]``: write
-    the manifest of ENGINE (``vllm`` or ``sglang``) at VERSION from the source under
-    SOURCE_ROOT (the directory holding the package folder) into OUT_DIR (default: the packaged
-    ``manifests/``)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (3, 4) or args[0] not in ("vllm", "sglang"):
-        print(main.__doc__, file=sys.stderr)
-        return 2
-    engine, root, version = args[:3]
-    spec = engine_spec(engine)
-    if not (Path(root) / spec.package).is_dir():
-        print(f"{root} holds no {spec.package}/ folder", file=sys.stderr)
-        return 2
-    out = Path(args[3]) if len(args) == 4 else Path(__file__).parent / MANIFEST_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / manifest_name(engine, version)
-    path.write_text(json.dumps(generate(spec, Path(root), version), indent=1) + "\n")
-    print(f"{engine} {version}: manifest written to {path}")
-    return 0
-
-
-def engine_spec(engine: str) -> EngineSpec:
-    """The spec of ``engine`` (``"vllm"`` or ``"sglang"``), from its plugin."""
-    if engine == "vllm":
-        from dsv4spec.integrations.vllm.plugin import ENGINE_SPEC
-    elif engine == "sglang":
-        from dsv4spec.integrations.sglang.plugin import ENGINE_SPEC
-    else:
-        raise ValueError(f"engine must be 'vllm' or 'sglang', got {engine!r}")
-    return ENGINE_SPEC
-
-
-if __name__ == "__main__":
-    sys.exit(main())
