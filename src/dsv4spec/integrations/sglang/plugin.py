@@ -176,11 +176,12 @@ MODEL_FILES = {
     "sglang.srt.models.deepseek_v4_mhc": "srt/models/deepseek_v4_mhc.py",
     "sglang.srt.models.deepseek_v4_dspark": "srt/models/deepseek_v4_dspark.py",
 }
-# Where the hooked methods are called beside the model modules: the attention backend (the
-# metadata hooks) and the speculative worker (the C128 rollback).
+# Where the hooked functions are called beside the model modules: the sublayer boundary
+# (mhc_fused_post_pre, through get_mhc_ops()), the attention backend (the metadata hooks) and
+# the speculative worker (the C128 rollback, through a getattr).
 _BACKEND_FILE = "srt/layers/attention/deepseek_v4_backend.py"
-_CALLER_FILES = (*MODEL_FILES.values(), _BACKEND_FILE,
-                 "srt/speculative/eagle_worker_common.py")
+_CALLER_FILES = (*MODEL_FILES.values(), "srt/models/deepseek_common/amd/deepseek_v4_fused_mhc.py",
+                 _BACKEND_FILE, "srt/speculative/eagle_worker_common.py")
 
 
 def _relpath(module: str) -> str:
