@@ -4,6 +4,7 @@ hook registers only where the running SGLang's source matches a manifest."""
 import copy
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,16 @@ def test_the_packaged_manifest_is_what_the_installed_sglangs_source_gives():
     assert regenerated == packaged
     assert set(packaged["hooks"]) == {hook.name for hook in plugin.HOOKS}
     assert all(entry is not None for entry in packaged["hooks"].values())
+
+
+def test_the_generator_writes_the_packaged_file_byte_for_byte(packaged_sglang, tmp_path):
+    from dsv4spec.integrations import write_manifest
+
+    version = packaged_sglang["version"]
+    assert write_manifest.main(["sglang", str(sglang_root()), version, str(tmp_path)]) == 0
+    name = manifest.manifest_name("sglang", version)
+    packaged = Path(manifest.__file__).parent / manifest.MANIFEST_DIR / name
+    assert (tmp_path / name).read_bytes() == packaged.read_bytes()
 
 
 def _tested(edit):

@@ -28,6 +28,15 @@ def test_the_packaged_manifest_is_what_this_versions_source_gives(vllm_source):
     assert regenerated == packaged[vllm_source]
 
 
+def test_the_generator_writes_the_packaged_file_byte_for_byte(vllm_source, tmp_path):
+    from dsv4spec.integrations import write_manifest
+
+    assert write_manifest.main(["vllm", str(vllm_src()), vllm_source, str(tmp_path)]) == 0
+    name = manifest.manifest_name("vllm", vllm_source)
+    packaged = Path(manifest.__file__).parent / manifest.MANIFEST_DIR / name
+    assert (tmp_path / name).read_bytes() == packaged.read_bytes()
+
+
 def test_the_manifests_list_what_the_plugin_hooks():
     for m in manifest.packaged_manifests("vllm"):
         assert set(m["hooks"]) == {hook.name for hook in plugin.HOOKS}
