@@ -4,15 +4,16 @@
     python scripts/import_graph.py --at REV   # the tree of a git revision (git show REV:path)
 
 Prints which unit imports which (a unit is a subpackage or a top-level module: ``kernels``,
-``capture``), then the lines of Python per unit, then every upward or sibling import; exits 1 if
-there is any. Layers import only downward::
+``capture``), then the lines of Python per unit, then every upward or sibling import and every
+import cycle between modules; exits 1 if there is any. Layers import only downward::
 
     capture, timing, plot, usage -> kernels -> ops -> cache -> model -> engine -> integrations
     -> demo, bench -> doctor -> cli -> __main__
 
 Units of one layer do not import each other. The benchmarks are a leaf: they measure everything
-below them, the SGLang plugin included. Every ``import`` counts, at module level or inside a
-function, and so does ``importlib.import_module("literal")``. ``LAYERS`` below is the one table;
+below them, the SGLang plugin included. Within a unit, modules import each other without a
+cycle. Every ``import`` counts, at module level or inside a function, and so does
+``importlib.import_module("literal")``. ``LAYERS`` below is the one table;
 ``tests/test_layering.py`` runs this check.
 """
 
@@ -157,6 +158,63 @@ def upward_imports(tree: Mapping[str, str]) -> list[str]:
     return bad
 
 
+def module_edges(tree: Mapping[str, str]) -> dict[str, set[str]]:
+    """module -> the other modules of ``tree`` it imports (``from pkg import name`` counts as
+    ``pkg.name`` where that is a module, else as ``pkg``)."""
+    modules = {module_name(rel) for rel in tree}
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for rel, source in tree.items():
+        module = module_name(rel)
+        for _, target in imported_modules(source, _package(rel), rel):
+            parts = target.split(".")
+            found = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                          if ".".join(parts[:i]) in modules), None)
+            if found is not None and found != module:
+                graph[module].add(found)
+    return graph
+
+
+def import_cycles(tree: Mapping[str, str]) -> list[list[str]]:
+    """The modules of each import cycle (a strongly connected group of two or more modules),
+    sorted; [] where the imports form no cycle."""
+    graph = module_edges(tree)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+    for start in sorted(graph):
+        if start in order:
+            continue
+        # Tarjan's strongly connected components, iteratively (no recursion limit)
+        work = [(start, iter(sorted(graph[start])))]
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in order:
+                    order[child] = low[child] = len(order)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+    return sorted(cycles)
+
+
 def line_counts(tree: Mapping[str, str]) -> dict[str, tuple[int, int]]:
     """unit -> (files, lines): a subpackage's ``.py`` files at any depth, or one top-level
     module; ``__init__`` for the package's own ``__init__.py``."""
@@ -220,7 +278,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     bad = upward_imports(tree)
     print(f"\nupward or sibling imports: {len(bad)}")
     print("\n".join(f"  {line}" for line in bad))
-    return 1 if bad else 0
+    cycles = import_cycles(tree)
+    print(f"\nimport cycles: {len(cycles)}")
+    print("\n".join(f"  {' <-> '.join(cycle)}" for cycle in cycles))
+    return 1 if bad or cycles else 0
 
 
 if __name__ == "__main__":

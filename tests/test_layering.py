@@ -4,7 +4,8 @@ The layer table and the import parser live in ``scripts/import_graph.py`` (one t
 also prints the graph and line counts): ``capture, timing, plot, usage -> kernels -> ops -> cache
 -> model -> engine -> integrations -> demo, bench -> doctor -> cli -> __main__``. Every
 ``import`` in ``src/dsv4spec`` (module level or inside a function) names a module of its own unit
-or of a lower layer; units of one layer do not import each other.
+or of a lower layer; units of one layer do not import each other; and no two modules import each
+other, directly or through others.
 """
 
 import importlib.util
@@ -54,6 +55,26 @@ def test_the_check_flags_upward_and_sibling_imports():
                                         "bench": set()}
 
 
+def test_no_modules_import_each_other(tree):
+    cycles = import_graph.import_cycles(tree)
+    assert not cycles, "\n".join(" <-> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_sees_imports_inside_functions_and_of_names():
+    tree = {"dsv4spec/bench/a.py": "def f():\n    from dsv4spec.bench.b import g\n",
+            "dsv4spec/bench/b.py": "from dsv4spec.bench import c\n",
+            "dsv4spec/bench/c.py": "import importlib\nimportlib.import_module('dsv4spec.bench.a')\n",
+            "dsv4spec/bench/d.py": "from dsv4spec.bench.a import f\n",
+            "dsv4spec/ops/__init__.py": "from dsv4spec.ops.e import h\n",
+            "dsv4spec/ops/e.py": "from dsv4spec.ops import C\n"}
+    assert import_graph.module_edges(tree)["dsv4spec.bench.b"] == {"dsv4spec.bench.c"}
+    assert import_graph.import_cycles(tree) == [
+        ["dsv4spec.bench.a", "dsv4spec.bench.b", "dsv4spec.bench.c"],
+        ["dsv4spec.ops", "dsv4spec.ops.e"]]
+    del tree["dsv4spec/bench/c.py"], tree["dsv4spec/ops/e.py"]
+    assert import_graph.import_cycles(tree) == []
+
+
 def test_scripts_and_benchmarks_import_no_private_names():
     files = sorted(ROOT.glob("scripts/*.py")) + sorted(ROOT.glob("src/dsv4spec/bench/*.py"))
     found = {(path.relative_to(ROOT).as_posix(), name)
@@ -66,6 +87,7 @@ def test_the_script_prints_the_graph_and_line_counts():
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "kernels/" in res.stdout and "upward or sibling imports: 0" in res.stdout
+    assert "import cycles: 0" in res.stdout
     assert "total" in res.stdout
 
 

@@ -1,6 +1,8 @@
 """How a manifest check reads an engine's source, on small made-up trees: the aliases a call may
-go through, a file edited on disk, where the engine's package starts, which imports bind kernel
-names, and which tested version a changed hook is reported closest to."""
+go through (a conditional, an import under another name, a module attribute, a ``getattr``), a
+definition reached through the name its user imports it as, the definitions a hook relies on, a
+file edited on disk, where the engine's package starts, which imports bind kernel names, and
+which tested version a changed hook is reported closest to."""
 
 import ast
 from pathlib import Path
@@ -19,6 +21,34 @@ def test_a_conditional_alias_calls_both_of_its_names():
     assert index["fused_reuse"] == index["fused"] == [("forward", 3)]
 
 
+def test_a_call_through_an_imported_alias_or_a_module_attribute_calls_the_name():
+    tree = ast.parse(
+        "from eng.kernels import op as fast_op\n"
+        "import eng.kernels as kernels\n"
+        "def forward(x):\n"
+        "    from eng.other import tile as t\n"
+        "    return fast_op(x) + kernels.op(x) + t(x)\n")
+    index = manifest.call_index(tree)
+    assert index["op"] == [("forward", 5), ("forward", 5)]
+    assert index["fast_op"] == [("forward", 5)] and index["tile"] == [("forward", 5)]
+
+
+def test_a_getattr_alias_and_a_getattr_call_call_the_attribute_name():
+    # SGLang 0.5.23's run_eagle_verify reaches the C128 rollback so
+    tree = ast.parse(
+        "def verify(pool, batch):\n"
+        "    clear = getattr(pool.get_kvcache(), 'clear_states', None)\n"
+        "    if clear is not None:\n"
+        "        clear(batch)\n"
+        "    getattr(pool, 'release')(batch)\n"
+        "    other = getattr(pool, name)\n"
+        "    other(batch)\n")
+    index = manifest.call_index(tree)
+    assert index["clear_states"] == [("verify", 4)]
+    assert index["release"] == [("verify", 5)]
+    assert "name" not in index
+
+
 def write(root: Path, relpath: str, text: str) -> None:
     path = root / "eng" / relpath
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +62,38 @@ def test_a_file_edited_on_disk_is_read_again(tmp_path):
     write(tmp_path, "kernels.py", "def op(x):\n    return x + 2 * x\n")
     after = manifest.hook_parts(manifest.SourceTree(tmp_path, "eng"), hook)
     assert before.keys() == after.keys() and before != after
+
+
+def test_a_helper_definition_resolves_through_the_name_it_is_imported_as(tmp_path):
+    # SGLang's backend calls metadata_kernel.init_compression_metadata as
+    # _init_compression_metadata_triton; the relative form reaches a sibling module
+    write(tmp_path, "layers/backend.py",
+          "from eng.kernels.meta import build as _build_triton\n"
+          "from ..kernels.meta import LIMIT\n"
+          "def op(x):\n    return _build_triton(x, LIMIT)\n")
+    write(tmp_path, "kernels/meta.py",
+          "LIMIT = 4\ndef build(x, n):\n    return _kernel(x) * n\n"
+          "def _kernel(x):\n    return x\ndef _build_triton(x, n):\n    return -x\n")
+    hook = manifest.HookSource("layers/backend.py", "op", helper_files=("kernels/meta.py",))
+    parts = manifest.hook_parts(manifest.SourceTree(tmp_path, "eng"), hook)
+    assert sorted(parts) == ["kernels/meta.py:LIMIT", "kernels/meta.py:_kernel",
+                             "kernels/meta.py:build", "layers/backend.py:op"]
+    assert manifest.import_sources(ast.parse("from ...x import y\n"), "a/b.py", "eng") == {}
+
+
+def test_a_definition_a_hook_relies_on_is_a_part_of_its_own(tmp_path):
+    write(tmp_path, "kernels.py", "def op(x):\n    return x\n")
+    write(tmp_path, "worker.py", "class Worker:\n    def loop(self, n):\n"
+                                 "        return range(n - 1)\n")
+    hook = manifest.HookSource("kernels.py", "op",
+                               relies_on=("worker.py:Worker.loop", "worker.py:Worker.gone"))
+    before = manifest.hook_parts(manifest.SourceTree(tmp_path, "eng"), hook)
+    assert sorted(before) == ["kernels.py:op", "worker.py:Worker.loop"]
+    write(tmp_path, "worker.py", "class Worker:\n    def loop(self, n):\n"
+                                 "        return range(n)\n")
+    after = manifest.hook_parts(manifest.SourceTree(tmp_path, "eng"), hook)
+    assert after["kernels.py:op"] == before["kernels.py:op"]
+    assert after["worker.py:Worker.loop"] != before["worker.py:Worker.loop"]
 
 
 def test_the_source_root_is_where_the_whole_relative_path_ends():

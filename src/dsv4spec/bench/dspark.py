@@ -32,15 +32,13 @@ The draft's stage ``hc_pre`` is timed with the fused RMSNorm weight, as the targ
 from __future__ import annotations
 
 import argparse
-import ast
 from collections.abc import Callable, Sequence
 
 import torch
 
 from dsv4spec.bench import common
-from dsv4spec.bench.hc_head import EPS, float64_reference, make_inputs, refcheck
+from dsv4spec.bench.sglang_hc_head_torch import FUNCTION, load_sglang_hc_head_torch, providers
 from dsv4spec.model.config import preset
-from dsv4spec.ops import hc_head
 
 BLOCK = 7
 STAGES = 3
@@ -48,9 +46,6 @@ WIDTHS = (4096, 7168)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STEP_BATCHES = (1, 8)
 MODELS = {"DSV4-Flash": "flash-shape", "DSV4-Pro": "pro-shape"}
-PROVIDERS = ("sglang", "sglang_compiled", "dsv4spec")
-SOURCE_FILE = "srt/models/deepseek_v4.py"
-FUNCTION = "hc_head_torch"
 COLUMNS = ["H", "bs", "T", "sglang_graph_us", "compiled_graph_us", "dsv4spec_graph_us",
            "sglang_eager_us", "compiled_eager_us", "dsv4spec_eager_us", "graph_speedup",
            "eager_speedup", "served_graph", "served_eager"]
@@ -68,65 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the per-step sums (needs SGLang's TileLang mHC kernels)")
     parser.add_argument("--step-batch", type=int, nargs="+", default=list(STEP_BATCHES),
                         help="requests bs of the per-step sums")
-
-
-def load_sglang_hc_head_torch() -> Callable[..., torch.Tensor]:
-    """SGLang's ``hc_head_torch``, executed from its own source file (just that function).
-
-    Raises ``FileNotFoundError`` without SGLang's source and ``ImportError`` where the function
-    is missing or reads a name other than ``torch`` and ``F`` (a changed function is not timed
-    as if it were the one measured before).
-    """
-    from dsv4spec.integrations.sglang.source import sglang_file
-
-    path = sglang_file(SOURCE_FILE)
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == FUNCTION]
-    if len(found) != 1:
-        raise ImportError(f"{path}: no top-level {FUNCTION}")
-    node = found[0]
-    bound = {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
-    bound |= {t.id for n in ast.walk(node) if isinstance(n, ast.Assign) for t in ast.walk(n)
-              if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
-    # names the body and the defaults read (annotations are never evaluated at a call)
-    read = [*node.body, *node.args.defaults, *(d for d in node.args.kw_defaults if d)]
-    free = {n.id for part in read for n in ast.walk(part) if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Load)} - bound
-    if free - {"torch", "F"}:
-        raise ImportError(f"{path}: {FUNCTION} reads {sorted(free - {'torch', 'F'})}, not only "
-                          "torch and F")
-    namespace = {"torch": torch, "F": torch.nn.functional}
-    exec(compile(ast.Module([node], type_ignores=[]), str(path), "exec"), namespace)
-    return namespace[FUNCTION]
-
-
-def _compiled(fn: Callable) -> Callable:
-    """A fresh ``torch.compile`` of ``fn`` for one shape: Dynamo's caches are dropped first, so a
-    sweep over many shapes never reaches its recompile limit (past it Dynamo runs ``fn``
-    eagerly, and the row would time the chain, not its compiled kernels)."""
-    torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False)
-
-
-def providers(sglang_fn: Callable, H: int, T: int, names: Sequence[str] = PROVIDERS,
-              device: str = "cuda", seed: int | None = None) -> dict[str, Callable]:
-    """``{name: callable}`` of the providers in ``names`` on fresh inputs ``[T, 4, H]``, each run
-    once and checked against the float64 reference (``RuntimeError`` where one is off)."""
-    inputs = make_inputs(T, H, device=device, seed=seed if seed is not None else 7 * H + T)
-    x, hc_fn, hc_scale, hc_base, _ = inputs
-    ref = float64_reference(inputs, rmsnorm=False)
-    kw = {"norm_eps": EPS["norm_eps"], "hc_eps": EPS["hc_eps"]}
-    compiled = _compiled(sglang_fn) if "sglang_compiled" in names else None
-    every = {
-        "sglang": lambda: sglang_fn(x, hc_fn, hc_scale, hc_base, **kw),
-        "sglang_compiled": lambda: compiled(x, hc_fn, hc_scale, hc_base, **kw),
-        "dsv4spec": lambda: hc_head(x, hc_fn, hc_scale, hc_base, **kw, impl="triton"),
-    }
-    fns = {name: every[name] for name in names}
-    for name, fn in fns.items():
-        fn()  # first sight: compiles
-        refcheck("triton", fn(), ref)
-    return fns
 
 
 def measure(sglang_fn: Callable, H: int, bs: int, block: int) -> dict:

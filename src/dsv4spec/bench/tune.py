@@ -428,7 +428,7 @@ class Measure:
 
             value = load_sglang_module("kernels/ops/layernorm/mhc_head.py")
         elif group == "hc_head_torch":
-            from dsv4spec.bench.dspark import load_sglang_hc_head_torch
+            from dsv4spec.bench.sglang_hc_head_torch import load_sglang_hc_head_torch
 
             value = load_sglang_hc_head_torch()
         elif group == "metadata":
@@ -490,9 +490,9 @@ class Measure:
         return _graph_and_eager(fns, g.modes, quick)
 
     def _hc_head_torch(self, g: Grid, H: int, T: int, quick: bool) -> dict:
-        from dsv4spec.bench import dspark
+        from dsv4spec.bench import sglang_hc_head_torch
 
-        fns = dspark.providers(self._peer("hc_head_torch"), H, T, ("dsv4spec", "sglang"),
+        fns = sglang_hc_head_torch.providers(self._peer("hc_head_torch"), H, T, ("dsv4spec", "sglang"),
                                device=self.device)
         self._sync()
         return _graph_and_eager({"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes,

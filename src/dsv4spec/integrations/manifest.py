@@ -10,8 +10,9 @@ A manifest holds
 - ``hooks``: for each hook, a fingerprint of the source its correctness rests on, with the hash
   of each part: the hooked function (or method), the module-level definitions it reaches by name
   in its own file and the helper files named for it (functions, classes, assignments, followed
-  transitively), and every function of the caller files that calls it (whose use of the results
-  the hook relies on). A hook whose function the version does not define has ``null``.
+  transitively), every function of the caller files that calls it (whose use of the results
+  the hook relies on), and the definitions elsewhere named for it (``HookSource.relies_on``).
+  A hook whose function the version does not define has ``null``.
 
 Each part is hashed from its syntax tree with docstrings dropped (comments never reach the
 tree), without line numbers, and with empty fields left out (so the hash does not depend on the
@@ -20,7 +21,8 @@ default or an expression changes it.
 
 The running engine's source is read from the files (``ast``), never imported. Nothing here raises
 into a caller that asks for a verdict: :func:`verdicts` turns any failure into "step aside" with
-the reason.
+the reason. The packaged manifests are written by :mod:`dsv4spec.integrations.write_manifest`,
+which holds both plugins' specs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -45,7 +46,9 @@ class HookSource:
     ``file``: the defining file, relative to the engine's package folder; ``qualname``: the
     function, or ``Class.method``; ``name``: the name callers call it by (default: the last part
     of ``qualname``); ``helper_files``: other files whose module-level definitions the closure
-    may reach by name; ``caller_files``: files whose functions calling ``name`` are parts.
+    may reach by name; ``caller_files``: files whose functions calling ``name`` are parts;
+    ``relies_on``: definitions (``file:qualname``) neither reached by name nor calling it whose
+    behaviour the hook's fast path reproduces or assumes, each a part by itself.
     """
 
     file: str
@@ -53,6 +56,7 @@ class HookSource:
     helper_files: tuple[str, ...] = ()
     caller_files: tuple[str, ...] = ()
     name: str | None = None
+    relies_on: tuple[str, ...] = ()
 
     @property
     def called_as(self) -> str:
@@ -193,6 +197,30 @@ def find_qualname(tree: ast.Module, qualname: str) -> ast.AST | None:
     return node
 
 
+def import_sources(tree: ast.Module, relpath: str, package: str) -> dict[str, tuple[str, str]]:
+    """Local name -> (file, name there) of each ``from M import f [as g]`` in ``tree`` (the file
+    ``relpath`` of ``package``, anywhere in it) whose ``M`` is a module of ``package``: its file
+    relative to the package folder, as ``relpath`` is."""
+    folder = relpath.split("/")[:-1]
+    found = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        module = node.module.split(".") if node.module else []
+        if node.level:
+            if node.level - 1 > len(folder):
+                continue
+            parts = [*folder[:len(folder) - (node.level - 1)], *module]
+        elif module[:1] == [package]:
+            parts = module[1:]
+        else:
+            continue
+        if parts:
+            found.update({a.asname or a.name: ("/".join(parts) + ".py", a.name)
+                          for a in node.names})
+    return found
+
+
 def _names_in(node: ast.AST) -> set[str]:
     """Names ``node`` reads, and names its ``from ... import`` statements bring in."""
     names = set()
@@ -204,22 +232,45 @@ def _names_in(node: ast.AST) -> set[str]:
     return names
 
 
+def _getattr_name(value: ast.AST) -> str | None:
+    """``name`` where ``value`` is ``getattr(obj, "name")`` or ``getattr(obj, "name", default)``
+    (SGLang's speculative worker reaches the C128 rollback so); None otherwise."""
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "getattr" and len(value.args) in (2, 3) and not value.keywords
+            and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str)):
+        return value.args[1].value
+    return None
+
+
 def _held_names(value: ast.AST) -> set[str] | None:
-    """The names an expression may evaluate to, if it is a name or a conditional between such
-    expressions; None otherwise."""
+    """The names an expression may evaluate to, if it is a name, a ``getattr`` of a literal
+    attribute name, or a conditional between such expressions; None otherwise."""
     if isinstance(value, ast.Name):
         return {value.id}
+    if _getattr_name(value) is not None:
+        return {_getattr_name(value)}
     if isinstance(value, ast.IfExp):
         body, orelse = _held_names(value.body), _held_names(value.orelse)
         return None if body is None or orelse is None else body | orelse
     return None
 
 
+def imported_as(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the name it was imported as, for every ``from x import f as g`` in ``tree``
+    (anywhere in the module)."""
+    return {a.asname: a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            for a in node.names if a.asname and a.asname != a.name}
+
+
 def call_index(tree: ast.Module) -> dict[str, list[tuple[str, int]]]:
     """Called name -> (enclosing qualname, line) of each call in ``tree``: a plain name, an
-    attribute (``self.hc_head(...)``), or a local name that a function assigns names only (as
-    vLLM 0.34.0's ``fused_post_pre``), once per name it may hold."""
+    attribute (``self.hc_head(...)``, ``module.f(...)``), a name imported under another
+    (``from x import f as g``: ``g(...)`` calls ``f``), ``getattr(obj, "f")(...)``, or a local
+    name that a function assigns only such names or ``getattr``s (as vLLM 0.34.0's
+    ``fused_post_pre``, SGLang's ``clear_unaccepted_c128 = getattr(pool, "clear_...", None)``),
+    once per name it may hold."""
     index: dict[str, list[tuple[str, int]]] = {}
+    renamed = imported_as(tree)
 
     def aliases(function: ast.AST) -> dict[str, set[str]]:
         local: dict[str, set[str]] = {}
@@ -244,12 +295,15 @@ def call_index(tree: ast.Module) -> dict[str, list[tuple[str, int]]]:
             if isinstance(child, ast.Call):
                 func = child.func
                 called = (func.id if isinstance(func, ast.Name)
-                          else func.attr if isinstance(func, ast.Attribute) else None)
+                          else func.attr if isinstance(func, ast.Attribute)
+                          else _getattr_name(func))
                 site = (".".join(scope), child.lineno)
                 if called is not None:
                     index.setdefault(called, []).append(site)
                 if isinstance(func, ast.Name):
-                    for name in sorted(local.get(func.id, ())):
+                    held = {*local.get(func.id, ()), *((renamed[func.id],)
+                                                       if func.id in renamed else ())}
+                    for name in sorted(held - {called}):
                         index.setdefault(name, []).append(site)
             visit(child, scope, local)
 
@@ -287,24 +341,34 @@ def hook_parts(source: SourceTree, hook: HookSource) -> dict[str, str] | None:
         return None
     parts = {f"{hook.file}:{hook.qualname}": cached_hash(node)}
     scopes = {hook.file: _cached("defs", tree, lambda: top_level(tree))}
+    imports = {hook.file: _cached("imports", tree, lambda: import_sources(
+        tree, hook.file, source.package), hook.file)}
     for relpath in hook.helper_files:
         helper = source.tree(relpath)
         if helper is not None:
             scopes[relpath] = _cached("defs", helper, lambda: top_level(helper))
+            imports[relpath] = _cached("imports", helper, lambda: import_sources(
+                helper, relpath, source.package), relpath)
     seen: set[int] = {id(node)}
     pending = [(hook.file, node)]
     while pending:
         here, current = pending.pop()
         for name in sorted(_cached("names", current, lambda: _names_in(current))):
             # a name resolves in the file that uses it first (vLLM's tilelang.py and
-            # tilelang_kernels.py both define a mhc_post_tilelang), then in the others
-            for relpath in (here, *(r for r in scopes if r != here)):
-                definition = scopes[relpath].get(name)
+            # tilelang_kernels.py both define a mhc_post_tilelang), then where that file imports
+            # it from (SGLang's backend imports init_compression_metadata as
+            # _init_compression_metadata_triton), then in the others
+            candidates = [(r, name) for r in (here, *(r for r in scopes if r != here))]
+            imported = imports[here].get(name)
+            if imported is not None and imported[0] in scopes:
+                candidates.insert(1, imported)
+            for relpath, defined_as in candidates:
+                definition = scopes[relpath].get(defined_as)
                 if definition is None:
                     continue
                 if id(definition) not in seen:
                     seen.add(id(definition))
-                    label = getattr(definition, "name", None) or name
+                    label = getattr(definition, "name", None) or defined_as
                     parts[f"{relpath}:{label}"] = cached_hash(definition)
                     pending.append((relpath, definition))
                 break
@@ -316,6 +380,12 @@ def hook_parts(source: SourceTree, hook: HookSource) -> dict[str, str] | None:
             function = find_qualname(caller, scope) if scope else None
             if function is not None and function is not node:
                 parts[f"{relpath}:{scope}"] = cached_hash(function)
+    for label in hook.relies_on:
+        relpath, qualname = label.split(":", 1)
+        other = source.tree(relpath)
+        definition = find_qualname(other, qualname) if other is not None else None
+        if definition is not None:  # one a version lacks is a part gone, or new where it comes
+            parts[label] = cached_hash(definition)
     return parts
 
 
@@ -450,40 +520,3 @@ def source_root(file: str | None, package: str, relpath: str) -> Path | None:
     if path.parts[-len(tail):] != tail:
         return None
     return Path(*path.parts[:-len(tail)])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dsv4spec.integrations.manifest ENGINE SOURCE_ROOT VERSION [OUT_DIR]``: write
-    the manifest of ENGINE (``vllm`` or ``sglang``) at VERSION from the source under
-    SOURCE_ROOT (the directory holding the package folder) into OUT_DIR (default: the packaged
-    ``manifests/``)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (3, 4) or args[0] not in ("vllm", "sglang"):
-        print(main.__doc__, file=sys.stderr)
-        return 2
-    engine, root, version = args[:3]
-    spec = engine_spec(engine)
-    if not (Path(root) / spec.package).is_dir():
-        print(f"{root} holds no {spec.package}/ folder", file=sys.stderr)
-        return 2
-    out = Path(args[3]) if len(args) == 4 else Path(__file__).parent / MANIFEST_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / manifest_name(engine, version)
-    path.write_text(json.dumps(generate(spec, Path(root), version), indent=1) + "\n")
-    print(f"{engine} {version}: manifest written to {path}")
-    return 0
-
-
-def engine_spec(engine: str) -> EngineSpec:
-    """The spec of ``engine`` (``"vllm"`` or ``"sglang"``), from its plugin."""
-    if engine == "vllm":
-        from dsv4spec.integrations.vllm.plugin import ENGINE_SPEC
-    elif engine == "sglang":
-        from dsv4spec.integrations.sglang.plugin import ENGINE_SPEC
-    else:
-        raise ValueError(f"engine must be 'vllm' or 'sglang', got {engine!r}")
-    return ENGINE_SPEC
-
-
-if __name__ == "__main__":
-    sys.exit(main())

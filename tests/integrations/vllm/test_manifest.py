@@ -12,6 +12,7 @@ from dsv4spec.integrations import manifest
 from dsv4spec.integrations.vllm import plugin, register
 from dsv4spec.integrations.vllm.source import SRC_ENV, vllm_src
 
+from ..manifest_copies import EditedSource
 from .conftest import _vllm_modules
 
 LOGGER = "dsv4spec.integrations.vllm"
@@ -25,6 +26,15 @@ def test_the_packaged_manifest_is_what_this_versions_source_gives(vllm_source):
     regenerated = json.loads(json.dumps(manifest.generate(plugin.ENGINE_SPEC, vllm_src(),
                                                           vllm_source)))
     assert regenerated == packaged[vllm_source]
+
+
+def test_the_generator_writes_the_packaged_file_byte_for_byte(vllm_source, tmp_path):
+    from dsv4spec.integrations import write_manifest
+
+    assert write_manifest.main(["vllm", str(vllm_src()), vllm_source, str(tmp_path)]) == 0
+    name = manifest.manifest_name("vllm", vllm_source)
+    packaged = Path(manifest.__file__).parent / manifest.MANIFEST_DIR / name
+    assert (tmp_path / name).read_bytes() == packaged.read_bytes()
 
 
 def test_the_manifests_list_what_the_plugin_hooks():
@@ -180,3 +190,83 @@ def test_a_failing_fingerprint_steps_aside_and_never_raises(vllm, monkeypatch, c
         assert register() == []
     assert _hooked_names(vllm) == set()
     assert "could not be read (RecursionError" in caplog.text
+
+
+# Per hook, the engine code its fast path reproduces or rests on, one part of each file (vLLM's
+# function, its TileLang kernels, the model functions calling it): each version's manifest lists
+# every one (where the version defines the hook), and a changed copy of any makes that hook step
+# aside.
+_KERNELS = "model_executor/kernels/mhc/tilelang_kernels.py"
+_MTP = "models/deepseek_v4/nvidia/mtp.py"
+_DSPARK = "models/deepseek_v4/nvidia/dspark.py"
+REPRODUCES = {
+    "hc_head": (f"{TILELANG}:hc_head_fused_kernel_tilelang", f"{_KERNELS}:hc_head_fuse_tilelang",
+                f"{MODEL}:DeepseekV4Model.forward",
+                f"{_MTP}:DeepSeekV4MultiTokenPredictor.compute_logits",
+                f"{_DSPARK}:DSparkDeepseekV4Model.forward"),
+    "mhc_pre": (f"{TILELANG}:mhc_pre_tilelang", f"{TILELANG}:_hc_prenorm_gemm_outputs",
+                f"{_KERNELS}:mhc_pre_big_fuse_with_norm_tilelang",
+                f"{_KERNELS}:hc_prenorm_gemm_tilelang", f"{MODEL}:DeepseekV4DecoderLayer.forward"),
+    "mhc_post": (f"{TILELANG}:mhc_post_tilelang", f"{_KERNELS}:mhc_post_tilelang",
+                 f"{MODEL}:DeepseekV4Model.forward",
+                 f"{_MTP}:DeepSeekV4MultiTokenPredictorLayer.forward",
+                 f"{_DSPARK}:DSparkDeepseekV4Model.forward"),
+    "mhc_fused_post_pre": (f"{TILELANG}:mhc_fused_post_pre_tilelang",
+                           f"{_KERNELS}:mhc_fused_tilelang",
+                           f"{_KERNELS}:mhc_fused_post_pre_split_config",
+                           f"{MODEL}:DeepseekV4DecoderLayer.forward"),
+    "mhc_fused_post_pre_reuse_residual": (
+        f"{TILELANG}:mhc_fused_post_pre_tilelang_reuse_residual",
+        f"{TILELANG}:_mhc_fused_post_pre_tilelang_impl", f"{_KERNELS}:mhc_fused_tilelang",
+        f"{MODEL}:DeepseekV4DecoderLayer.forward"),
+}
+_LABELS = [(hook, label) for hook, labels in REPRODUCES.items() for label in labels]
+
+
+def _packaged(version):
+    return {m["version"]: m for m in manifest.packaged_manifests("vllm")}[version]
+
+
+@pytest.fixture(scope="module")
+def vllm_copies(tmp_path_factory):
+    """A copy of each version's source (made at first use), for :class:`EditedSource`."""
+    copies = {}
+
+    def copy(version):
+        if version not in copies:
+            copies[version] = EditedSource(plugin.ENGINE_SPEC, vllm_src(),
+                                           tmp_path_factory.mktemp(f"vllm-{version}"))
+        copies[version].undo()
+        return copies[version]
+
+    yield copy
+    for edited in copies.values():
+        edited.undo()
+
+
+def test_every_hook_lists_what_its_fast_path_reproduces(vllm_source):
+    assert set(REPRODUCES) == {hook.name for hook in plugin.HOOKS}
+    hooks = _packaged(vllm_source)["hooks"]
+    missing = [(hook, label) for hook, label in _LABELS
+               if hooks[hook] is not None and label not in hooks[hook]["parts"]]
+    assert not missing, missing
+
+
+def test_the_copy_of_vllms_source_matches_the_manifest(vllm_source, vllm_copies):
+    verdicts = vllm_copies(vllm_source).verdicts([_packaged(vllm_source)])
+    assert all(v.ok or v.absent for v in verdicts.values())
+
+
+@pytest.mark.parametrize("hook, label", _LABELS, ids=[f"{h}-{lbl}" for h, lbl in _LABELS])
+def test_a_changed_copy_of_what_a_hook_reproduces_makes_it_step_aside(vllm_source, vllm_copies,
+                                                                    hook, label):
+    packaged = _packaged(vllm_source)
+    if packaged["hooks"][hook] is None:
+        pytest.skip(f"vLLM {vllm_source} defines no {plugin.ENGINE_SPEC.hooks[hook].qualname}")
+    edited = vllm_copies(vllm_source)
+    edited.change(label)
+    verdicts = edited.verdicts([packaged])
+    assert not verdicts[hook].ok and f"{label} (changed)" in verdicts[hook].reason
+    # the hooks that do not rest on it still match: the change touched that part alone
+    assert all(v.ok or v.absent for name, v in verdicts.items()
+               if label not in (packaged["hooks"][name] or {}).get("parts", {}))

@@ -176,25 +176,54 @@ MODEL_FILES = {
     "sglang.srt.models.deepseek_v4_mhc": "srt/models/deepseek_v4_mhc.py",
     "sglang.srt.models.deepseek_v4_dspark": "srt/models/deepseek_v4_dspark.py",
 }
-# Where the hooked methods are called beside the model modules: the attention backend (the
-# metadata hooks) and the speculative worker (the C128 rollback).
-_CALLER_FILES = (*MODEL_FILES.values(), "srt/layers/attention/deepseek_v4_backend.py",
-                 "srt/speculative/eagle_worker_common.py")
+# Where the hooked functions are called beside the model modules: the sublayer boundary
+# (mhc_fused_post_pre, through get_mhc_ops()), the attention backend (the metadata hooks) and
+# the speculative worker (the C128 rollback, through a getattr).
+_BACKEND_FILE = "srt/layers/attention/deepseek_v4_backend.py"
+_CALLER_FILES = (*MODEL_FILES.values(), "srt/models/deepseek_common/amd/deepseek_v4_fused_mhc.py",
+                 _BACKEND_FILE, "srt/speculative/eagle_worker_common.py")
 
 
 def _relpath(module: str) -> str:
     return module.split(".", 1)[1].replace(".", "/") + ".py"
 
 
-# Files beside its own whose definitions a hook's function reaches by name: DSpark's
-# collapse_hc_head calls hc_head_torch, imported from the target model's file.
-_HELPER_FILES = {"DSpark draft hc_head": ("srt/models/deepseek_v4.py",)}
+# Files beside its own whose definitions a hook's function reaches by name, the engine code its
+# fast path reproduces: the C128 cleanup kernel the pool method launches per layer, the fused
+# hc_head kernel the target's hc_head calls, the compression-metadata wrapper and kernel the
+# metadata method calls (imported as _init_compression_metadata_triton), and DSpark's
+# hc_head_torch, imported from the target model's file.
+_HELPER_FILES = {
+    "C128 rollback": ("kernels/ops/kvcache/dsv4_c128_cleanup.py",),
+    "target hc_head": ("kernels/ops/layernorm/mhc_head.py",),
+    "DSV4 compression metadata in one launch": ("kernels/ops/attention/dsv4/metadata_kernel.py",),
+    "DSpark draft hc_head": ("srt/models/deepseek_v4.py",),
+}
+
+# What a hook's fast path assumes of code that neither its function reaches nor calls it: the
+# draft-decode metadata builds only the steps the draft loop runs (the EAGLE runner builds the
+# metadata, then runs the worker's draft_forward, which breaks before the last step, as its idle
+# loop stops; replay refreshes the same steps; no multi-step backend for one step; see
+# integrations/sglang/draft_metadata.py).
+_RELIES_ON = {
+    "DSV4 draft-decode metadata": (
+        "srt/speculative/eagle_draft_cuda_graph_runner.py:"
+        "EAGLEDraftCudaGraphRunner.capture_one_shape",
+        "srt/speculative/eagle_worker_v2.py:EagleDraftWorker.draft_forward",
+        "srt/speculative/eagle_worker_v2.py:EagleDraftWorker._draft_forward_idle",
+        "srt/speculative/draft_utils.py:DraftBackendFactory.create_decode_backend",
+        f"{_BACKEND_FILE}:DeepseekV4MultiStepBackend.init_forward_metadata",
+        f"{_BACKEND_FILE}:DeepseekV4MultiStepBackend.init_forward_metadata_out_graph",
+    ),
+}
 
 ENGINE_SPEC = manifest.EngineSpec(
     "sglang", "sglang", (MHC_MODULE,), MODEL_FILES,
     {hook.name: manifest.HookSource(_relpath(hook.module), hook.attr,
                                     helper_files=_HELPER_FILES.get(hook.name, ()),
-                                    caller_files=_CALLER_FILES) for hook in HOOKS})
+                                    caller_files=_CALLER_FILES,
+                                    relies_on=_RELIES_ON.get(hook.name, ()))
+     for hook in HOOKS})
 
 # The modules of the hooks' fast paths (dsv4spec.integrations.sglang.<name>), each with GATES,
 # how each of its hooks decides.
