@@ -80,6 +80,13 @@ FORMAT = 1
 # (engine_us >= ARCHITECTURE_MARGIN * ours_us): a GPU of other SMs, clocks and bandwidth may
 # lose a near-tie, not a clear win
 ARCHITECTURE_MARGIN = 1.25
+# Per mode, how much faster ours must have been at a measured point for a count not measured in
+# its segment (no tiling switch of either kernel between them) to take ours, every point of the
+# segment won: more than one point's ratio moves between two runs. The H200's two full runs
+# (benchmarks/results/tune/NVIDIA_H200.json and NVIDIA_H200_rerun.json, 397 shared points) moved
+# it by at most 9.6 % in a graph (95 % of points within 3.2 %) and by up to 66 % eagerly (95 %
+# within 26 %, the host's speed modes)
+CARRY_MARGIN = {"graph": 1.10, "eager": 1.25}
 TABLES_DIR_ENV = "DSV4SPEC_TABLES_DIR"
 PACKAGED_DIR = Path(__file__).with_name("tables")
 MODES = ("graph", "eager")
@@ -87,7 +94,7 @@ BETWEEN_KEYS = ("exact", "nearer_smaller")
 ENGINES = ("sglang", "vllm")
 _REQUIRED = ("format", "device", "architecture", "measured", "engines")
 _HOOK_FIELDS = {"key", "between_keys", "count", "max_count", "graph", "eager", "points",
-                "source", "note", "engine_versions"}
+                "source", "note", "engine_versions", "measured_against", "unmeasured"}
 
 
 def user_dir() -> Path:
@@ -190,6 +197,25 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
         out[mode] = dict(sorted(parsed.items()))
     if "points" in entry:
         out["points"] = entry["points"]
+    # which of the engine's paths ours was timed against ("tilelang, DeepGEMM off")
+    against = entry.get("measured_against")
+    if against is not None:
+        if not (isinstance(against, str) and against.strip()):
+            raise ValueError(f"{what}.measured_against: expected the engine path measured, got "
+                             f"{against!r}")
+        out["measured_against"] = against
+    if "unmeasured" in entry:
+        gaps = entry["unmeasured"]
+        if not isinstance(gaps, dict) or set(gaps) - set(MODES):
+            raise ValueError(f"{what}.unmeasured: expected an object of mode -> key -> ranges")
+        out["unmeasured"] = {}
+        for mode, keyed in gaps.items():
+            if not isinstance(keyed, dict) or not all(
+                    isinstance(k, str) and k.isdigit() for k in keyed):
+                raise ValueError(f"{what}.unmeasured.{mode}: expected an object of key -> "
+                                 "ranges")
+            out["unmeasured"][mode] = {int(k): _spans(v, f"{what}.unmeasured.{mode}.{k}")
+                                       for k, v in keyed.items()}
     # the engine releases the rows hold for: measured on, or sharing the measured kernels
     versions = entry.get("engine_versions")
     if versions is not None:
