@@ -199,6 +199,25 @@ def test_the_grid_spans_what_a_deployment_reaches():
     assert full > 5 * quick
 
 
+@pytest.mark.parametrize("engine", tune.ENGINES)
+def test_the_plan_splits_the_grid_into_runs_within_a_call(engine, capsys):
+    hooks = list(tune.ENGINE_GRIDS[engine])
+    runs = tune.calls(hooks, False, engine)
+    assert [h for run in runs for h in run] == hooks
+    for run in runs:
+        seconds = tune.START_SECONDS + sum(
+            tune.hook_seconds(tune.ENGINE_GRIDS[engine][h], False)[1] for h in run)
+        assert seconds <= tune.CALL_SECONDS or len(run) == 1, run
+    assert tune.calls(hooks, False, engine, limit=1e9) == [hooks]
+    with pytest.raises(ValueError, match="limit"):
+        tune.calls(hooks, False, engine, limit=10)
+    assert cli.main(["tune", "--engine", engine, "--plan"]) == 0
+    out = capsys.readouterr().out
+    points = sum(len(g.points(False)) for g in tune.ENGINE_GRIDS[engine].values())
+    assert f"in all {points} points" in out
+    assert out.count(f"dsv4spec tune --engine {engine} --hooks ") == len(runs)
+
+
 def test_written_entries_serve_ours_exactly_at_the_points_it_won():
     g = tune.GRIDS["mhc_post"]
     points = {4096: {1: {"graph": [1.0, 2.0], "eager": [5.0, 4.0]},

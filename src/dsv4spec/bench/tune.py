@@ -11,10 +11,12 @@ both providers side by side. Ours is served at a point in a mode where it was fa
 metadata builders: at every shape measured for that row count, decode and verify, a short and a
 half-full context). Counts are measured on a coarse grid, then bisected wherever the winner
 changes between neighbours, so the table is dense only where it needs to be; the full grid holds
-both sides of every planner switch of the hook's op (a count where its tiling changes:
-:mod:`dsv4spec.integrations.plans`). A winning point covers the counts up to the next measured
-one or the next planner switch, the largest only itself, and keys between measured keys follow
-the file's rule (:mod:`dsv4spec.integrations.tables`).
+both sides of every tiling switch of the hook's op and of the engine's kernel (a count where a
+tiling changes: :mod:`dsv4spec.integrations.plans`). A count is decided from the points of its
+segment (the counts between two switches), never beyond the largest measured one; segments
+without a point are listed as ``unmeasured``, and keys between measured keys follow the file's
+rule (:mod:`dsv4spec.integrations.tables`). ``--plan`` prints the points, the time estimate and
+the runs that split the grid within a lent GPU's per-command limit.
 
 ``--derive`` (no GPU) re-derives device files' ranges from their points by that rule and writes
 beside each the architecture file that other GPUs of its architecture read: ours only where it

@@ -44,10 +44,21 @@ rows, requests, tokens) where ours is served; a measured key where ours never wo
 A key between two measured keys gets the nearer smaller one's ranges where ``between_keys`` is
 ``nearer_smaller`` (widths, ``qo_len``: a wider table only costs the engine's builder more), and
 nothing where it is ``exact`` (``H``, a property of the model); a key below or above every
-measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges by the
-same rule along the counts: a winning point covers the counts up to the next measured point
-or the next planner switch of the hook's op (both excluded: a tiling not measured is not
-extrapolated to), the largest measured count only itself. ``max_count`` (optional) is a cap beyond
+measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges from
+the points segment by segment: a segment is a maximal range of counts with no tiling switch of
+ours or of the engine's kernel inside (:func:`dsv4spec.integrations.plans.segment_switches`),
+and a count is decided only from points of its segment, never beyond the largest measured
+count. A measured count is ours where ours won there; one not measured is ours where every
+point of its segment won and one by ``CARRY_MARGIN`` (1.10x in a graph, 1.25x eagerly; an
+architecture file's margin where larger), else the nearest measured count below it in the
+segment decides (none below: the first above, by a clear win only). A segment without a point
+is the engine's and listed in ``unmeasured`` (optional, written by ``tune``: per mode and key,
+its inclusive ranges), so that a count left to the engine has either a measured loss behind it
+or a listed segment; ``tune`` measures both sides of every switch, so a full run lists none.
+``measured_against`` (optional, written by ``tune``) names the engine path ours was timed
+against: ``"tilelang, DeepGEMM off"`` (the mHC kernels of both engines, vLLM's hc_head),
+``"triton"`` (SGLang's target hc_head, the metadata builders), ``"torch"`` (SGLang's draft
+hc_head, the expand). ``max_count`` (optional) is a cap beyond
 which the engine's own code runs whatever was measured (the mHC hooks' 32 tokens, above which
 SGLang runs DeepGEMM's GEMM, not the kernel measured); ranges are clipped to it on loading.
 ``points`` (optional) keeps what ``tune`` measured: per mode and key, ``[count, ours_us,
