@@ -533,9 +533,11 @@ def test_report_shows_what_each_hook_serves_and_every_point(capsys):
     entry = data["engines"]["sglang"]["mhc_pre"]
     share = tune.served_share(entry, ("graph",))["graph"]
     assert f"| sglang | mhc_pre | hidden_size | graph | {tune._describe(entry['graph'])} | " \
-           f"{share:.0%} |" in out
+           f"{share:.0%} | - | tilelang, DeepGEMM off |" in out
     assert "| sglang | build_page_table_positions_triton | page_table_width | eager | " \
-           "engine's always | - |" in out
+           "engine's always | - | - | triton |" in out
+    assert "| sglang | mhc_fused_post_pre | hidden_size | graph | {4096: 1-4 8-32; 7168: 1-4 " \
+           "8-32} | 100% | {4096: 5-7; 7168: 5-7} | tilelang, DeepGEMM off |" in out
     points = sum(len(rows) for hooks in data["engines"].values() for e in hooks.values()
                  for keyed in e["points"].values() for rows in keyed.values())
     assert "| vllm | hc_head | hidden_size | graph |" in out

@@ -748,16 +748,19 @@ def report(data: dict) -> str:
     out = [f"# Measured-faster tables: {data['device'] or data['architecture']}", "",
            ", ".join(f"{k} {m[k]}" for k in m if k != "command")
            + f"; command `{m.get('command', '')}`", "",
-           "| engine | hook | key | mode | ours served at | share of points |",
-           "|---|---|---|---|---|---|"]
+           "| engine | hook | key | mode | ours served at | share of points | unmeasured | "
+           "measured against |", "|---|---|---|---|---|---|---|---|"]
     for engine, hooks in data["engines"].items():
         for hook, entry in hooks.items():
             modes = [mode for mode in tables.MODES if entry.get("points", {}).get(mode)]
             share = served_share(entry, tuple(modes))
             for mode in tables.MODES:
                 served = "engine's always" if mode not in modes else _describe(entry[mode])
+                gaps = entry.get("unmeasured", {}).get(mode)
                 out.append(f"| {engine} | {hook} | {entry['key']} | {mode} | {served} | "
-                           + (f"{share[mode]:.0%}" if mode in modes else "-") + " |")
+                           + (f"{share[mode]:.0%}" if mode in modes else "-")
+                           + f" | {_describe(gaps) if gaps else '-'} | "
+                           + f"{entry.get('measured_against', '-')} |")
     for engine, hooks in data["engines"].items():
         for hook, entry in hooks.items():
             for mode, keyed in entry.get("points", {}).items():
@@ -930,9 +933,12 @@ def main(args: argparse.Namespace) -> int:
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
                   for m in modes}
         share = served_share(entry, modes)
+        gaps = entry.get("unmeasured", {})
         print(f"{hook}: ours served at " + ", ".join(
             f"{m} {_describe(entry[m])} ({share[m]:.0%} of the points)" for m in modes) + (
-            "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)"))
+            "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)") + (
+            "; no point in " + ", ".join(f"{m} {_describe(k)}" for m, k in gaps.items())
+            + f" ({peer_name}'s until measured)" if gaps else ""))
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
           "next start")
     return 0
