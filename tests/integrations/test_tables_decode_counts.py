@@ -2,7 +2,8 @@
 engines, both widths, in a graph and eagerly, for an H200 under each stack (its device file) and
 for another GPU of its architecture (the architecture file): a count left to the engine has a
 measured loss behind it (in its segment: no tiling switch of ours or the engine's kernel between
-it and the point), or its segment was never measured and the file lists it as ``unmeasured``;
+it and the point; or a near-tie there, a win under the carry margin, which a count not measured
+does not take), or its segment was never measured and the file lists it as ``unmeasured``;
 the list names no segment that was measured since (it only shrinks by measuring); and no count
 is served as ours where its segment's measurements give it to the engine."""
 
