@@ -1,9 +1,9 @@
 """Which op's launch planner each table-gated hook runs, and where along the hook's token counts
 that plan changes: what a measured-faster range may not extend across.
 
-A measured verdict holds for the tiling it was measured with. ``dsv4spec tune`` extends a
-winning point to the next measured one only up to the next planner switch (a count where the
-op's tiling changes: :mod:`dsv4spec.ops.plan_scan`), and measures both sides of every switch; a
+A measured verdict holds for the tiling it was measured with. ``dsv4spec tune`` carries a
+measured verdict only within its segment, up to the next switch (a count where the op's tiling
+changes: :mod:`dsv4spec.ops.plan_scan`), and measures both sides of every switch; a
 GPU whose SM count differs from the measured GPU's takes a table's ranges only below the first
 count at which the planner launches another plan (tiling or split count) for it. Both are read
 off the ops' planners here, so they follow the planners as they change. Hooks absent from
