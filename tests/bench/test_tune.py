@@ -19,22 +19,61 @@ PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET
 DEVICE = "NVIDIA Test GPU"
 
 
-def test_spans_cover_up_to_the_next_measured_point_never_beyond_the_last():
-    assert tune.spans_from_points({1: True, 4: True, 16: False, 64: True}) == ((1, 15), (64, 64))
-    assert tune.spans_from_points({1: False, 4: True, 16: True}) == ((4, 16),)
-    assert tune.spans_from_points({2: True}) == ((2, 2),)
-    assert tune.spans_from_points({1: False, 8: False}) == ()
+WIN, CLEAR, NEAR, LOSS = (1.0, 1.5), (1.0, 1.2), (1.0, 1.05), (2.0, 1.0)
+
+
+def test_a_segment_whose_points_all_won_one_clearly_is_ours_whole():
+    """One segment (no switch): every count from 1 to the largest measured takes ours when every
+    point won and one by the carry margin (1.10x in a graph); never beyond the largest."""
+    assert tables.CARRY_MARGIN == {"graph": 1.10, "eager": 1.25}
+    assert tune.spans_from_points({4: CLEAR, 64: NEAR}) == ((1, 64),)
+    assert tune.spans_from_points({2: WIN}) == ((1, 2),)
+    assert tune.spans_from_points({2: CLEAR}, carry=1.25) == ((2, 2),)  # eager's margin
+    # won, none clearly: the nearest measured count below decides, none below: the engine's
+    assert tune.spans_from_points({4: NEAR, 16: NEAR}) == ((4, 16),)
+    assert tune.spans_from_points({1: LOSS, 8: LOSS}) == ()
     assert tune.spans_from_points({}) == ()
 
 
-def test_spans_stop_at_the_next_planner_switch():
-    # mhc_post's tiling changes at 3, 9 and 33 tokens: 1 covers 1-2, 16 covers 16-32
-    assert tune.spans_from_points({1: True, 16: True, 64: False}, (3, 9, 33)) == (
-        (1, 2), (16, 32))
-    # a switch measured on both sides: each side's winner covers its own side
-    assert tune.spans_from_points({4: True, 5: True, 8: False}, (5,)) == ((4, 7),)
-    assert tune.spans_from_points({4: True, 5: False, 8: True}, (5,)) == ((4, 4), (8, 8))
-    assert tune.spans_from_points({4: True}, (2, 3)) == ((4, 4),)  # switches below: none
+def test_a_segment_whose_points_disagree_keeps_the_nearest_measured_rule():
+    assert tune.spans_from_points({1: WIN, 4: WIN, 16: LOSS, 64: WIN}) == ((1, 15), (64, 64))
+    # below the first point: its verdict only where it won clearly
+    assert tune.spans_from_points({4: WIN, 16: LOSS}) == ((1, 15),)
+    assert tune.spans_from_points({4: NEAR, 16: LOSS}) == ((4, 15),)
+    assert tune.spans_from_points({1: LOSS, 4: WIN, 16: WIN}) == ((4, 16),)
+
+
+def test_a_verdict_is_not_carried_across_a_tiling_switch():
+    # mhc_post's tiling changes at 3, 9 and 33 tokens: each segment on its own points
+    assert tune.spans_from_points({1: WIN, 16: WIN, 64: LOSS}, (3, 9, 33)) == (
+        (1, 2), (9, 32))
+    assert tune.spans_from_points({4: WIN, 5: WIN, 8: LOSS}, (5,)) == ((1, 7),)
+    assert tune.spans_from_points({4: WIN, 5: LOSS, 8: WIN}, (5,)) == ((1, 4), (8, 8))
+    assert tune.spans_from_points({4: WIN}, (2, 3)) == ((3, 4),)  # 1-2: no point, the engine's
+    assert tune.segment_verdicts({4: WIN}, (2, 3))[0] == ((1, 1), None)
+    assert tune.unmeasured_of({"points": {"graph": {"7168": [[4, *WIN]]}}}, "sglang",
+                              "mhc_post") == {"graph": {"7168": [[1, 2]]}}
+    # a cap clips the segments listed: none above it
+    assert tune.unmeasured_of({"max_count": 2, "points": {"graph": {"7168": [[4, *WIN]]}}},
+                              "sglang", "mhc_post") == {"graph": {"7168": [[1, 2]]}}
+    assert tune.unmeasured_of({"points": {"graph": {"7168": [[1, *WIN], [4, *WIN]]}}},
+                              "sglang", "mhc_post") == {}
+
+
+def test_the_engines_kernel_switches_are_segment_switches_too():
+    """SGLang's fused boundary widens its FMA tile from 8 tokens: a win at 4 does not reach 8,
+    a win at 8 not 7 (ours switches at 5 and 9 there)."""
+    from dsv4spec.bench import sglang_mhc
+
+    assert tune.plans.engine_tiling_switches("sglang", "mhc_fused_post_pre", 64) == (8, 33)
+    assert sglang_mhc.FUSED_FMA_MAX_TOKENS + 1 in tune.plans.ENGINE_TILING_SWITCHES[
+        ("sglang", "mhc_fused_post_pre")]
+    assert (sglang_mhc.PRE_SPLITK_MAX_TOKENS + 1,) == tune.plans.ENGINE_TILING_SWITCHES[
+        ("sglang", "mhc_pre")]
+    assert tune.plans.segment_switches("sglang", "mhc_fused_post_pre", 7168, 32) == (
+        5, 8, 9, 17)
+    assert tune.plans.segments((5, 8, 9, 17), 20) == [(1, 4), (5, 7), (8, 8), (9, 16),
+                                                      (17, 20)]
 
 
 @pytest.mark.parametrize("engine", tune.ENGINES)
@@ -44,7 +83,9 @@ def test_the_full_grid_measures_both_sides_of_every_planner_switch(engine):
         top = max(c for _, c in points)
         for key in g.keys:
             counts = {c for k, c in points if k == key}
-            for s in tune.plans.tiling_switches(engine, hook, key, top):
+            switches = tune.plans.segment_switches(engine, hook, key, top)
+            assert set(tune.plans.tiling_switches(engine, hook, key, top)) <= set(switches)
+            for s in switches:
                 assert {s - 1, s} <= counts, (engine, hook, key, s)
         assert set(g.points(True)) == {(k, c) for k in g.quick_keys for c in g.quick_counts}
     vllm = tune.VLLM_GRIDS
@@ -78,10 +119,11 @@ def test_an_architecture_file_serves_only_clear_wins():
                        32: {"graph": [1.0, 2.0], "eager": [1.0, 1.25]}}})}}}
     arch = tune.architecture_file(data, "NVIDIA_Test_GPU.json")
     entry = tables.validate(arch)["sglang"]["mhc_post"]
-    assert entry["graph"] == {7168: ((32, 32),)} and entry["eager"] == {7168: ((16, 32),)}
+    # eager: both won by the margin, which is also eager's carry margin: their segment (9-32)
+    assert entry["graph"] == {7168: ((32, 32),)} and entry["eager"] == {7168: ((9, 32),)}
     assert arch["device"] is None and arch["derived"] == {
         "device": DEVICE, "file": "NVIDIA_Test_GPU.json", "margin": 1.25}
-    assert tables.validate(data)["sglang"]["mhc_post"]["graph"] == {7168: ((16, 32),)}
+    assert tables.validate(data)["sglang"]["mhc_post"]["graph"] == {7168: ((9, 32),)}
     with pytest.raises(ValueError, match="not a device file"):
         tune.architecture_file(arch, "sm_90.json")
     del data["measured"]["sm_count"]
@@ -157,6 +199,25 @@ def test_the_grid_spans_what_a_deployment_reaches():
     assert full > 5 * quick
 
 
+@pytest.mark.parametrize("engine", tune.ENGINES)
+def test_the_plan_splits_the_grid_into_runs_within_a_call(engine, capsys):
+    hooks = list(tune.ENGINE_GRIDS[engine])
+    runs = tune.calls(hooks, False, engine)
+    assert [h for run in runs for h in run] == hooks
+    for run in runs:
+        seconds = tune.START_SECONDS + sum(
+            tune.hook_seconds(tune.ENGINE_GRIDS[engine][h], False)[1] for h in run)
+        assert seconds <= tune.CALL_SECONDS or len(run) == 1, run
+    assert tune.calls(hooks, False, engine, limit=1e9) == [hooks]
+    with pytest.raises(ValueError, match="limit"):
+        tune.calls(hooks, False, engine, limit=10)
+    assert cli.main(["tune", "--engine", engine, "--plan"]) == 0
+    out = capsys.readouterr().out
+    points = sum(len(g.points(False)) for g in tune.ENGINE_GRIDS[engine].values())
+    assert f"in all {points} points" in out
+    assert out.count(f"dsv4spec tune --engine {engine} --hooks ") == len(runs)
+
+
 def test_written_entries_serve_ours_exactly_at_the_points_it_won():
     g = tune.GRIDS["mhc_post"]
     points = {4096: {1: {"graph": [1.0, 2.0], "eager": [5.0, 4.0]},
@@ -172,8 +233,11 @@ def test_written_entries_serve_ours_exactly_at_the_points_it_won():
                 assert tables.served(read, key, count, mode == "graph") == (ours < engine)
     # mhc_post's tiling changes at 3, 9, 33 and 129 tokens: a win covers its own side only
     assert tune.plans.tiling_switches("sglang", "mhc_post", 4096, 64) == (3, 9, 33)
-    assert read["graph"] == {4096: ((1, 2), (16, 32)), 7168: ()}  # 7168: a tie is SGLang's
-    assert read["eager"] == {4096: ((16, 32), (64, 64)), 7168: ((1, 1),)}
+    assert read["graph"] == {4096: ((1, 2), (9, 32)), 7168: ()}  # 7168: a tie is SGLang's
+    assert read["eager"] == {4096: ((9, 64),), 7168: ((1, 1),)}
+    # 3-8 and, at 7168, all above 1: no point there, listed
+    assert read["unmeasured"]["graph"] == {4096: ((3, 8),)}
+    assert read["measured_against"] == "tilelang, DeepGEMM off"
     assert read["points"]["graph"]["4096"][0] == [1, 1.0, 2.0]
 
 
@@ -469,9 +533,11 @@ def test_report_shows_what_each_hook_serves_and_every_point(capsys):
     entry = data["engines"]["sglang"]["mhc_pre"]
     share = tune.served_share(entry, ("graph",))["graph"]
     assert f"| sglang | mhc_pre | hidden_size | graph | {tune._describe(entry['graph'])} | " \
-           f"{share:.0%} |" in out
+           f"{share:.0%} | - | tilelang, DeepGEMM off |" in out
     assert "| sglang | build_page_table_positions_triton | page_table_width | eager | " \
-           "engine's always | - |" in out
+           "engine's always | - | - | triton |" in out
+    assert "| sglang | mhc_fused_post_pre | hidden_size | graph | {4096: 1-4 8-32; 7168: 1-4 " \
+           "8-32} | 100% | {4096: 5-7; 7168: 5-7} | tilelang, DeepGEMM off |" in out
     points = sum(len(rows) for hooks in data["engines"].values() for e in hooks.values()
                  for keyed in e["points"].values() for rows in keyed.values())
     assert "| vllm | hc_head | hidden_size | graph |" in out

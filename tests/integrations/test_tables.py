@@ -93,15 +93,26 @@ def measured_decides(hook: str, key: int, count: int, in_graph: bool, architectu
     if at is None:
         return False
     rows = sorted(keyed[at])
-    below = [row for row in rows if row[0] <= count]
-    if not below:
+    if count > rows[-1][0]:  # never beyond the largest measured count
         return False
-    measured, ours_us, engine_us = below[-1]
-    if measured == rows[-1][0] and count > measured:
+    # the count's segment: no switch of our tiling or SGLang's kernel's between it and a point
+    cuts = {*switches(hook, at, stack), *plans.ENGINE_TILING_SWITCHES.get(("sglang", hook), ())}
+    lo = max([1, *(s for s in cuts if s <= count)])
+    hi = min([rows[-1][0], *(s - 1 for s in cuts if s > count)])
+    segment = [row for row in rows if lo <= row[0] <= hi]
+
+    def won(row, by=margin):
+        return row[1] < row[2] if by is None else row[2] >= by * row[1]
+
+    clearly = max(tables.CARRY_MARGIN["graph" if in_graph else "eager"], margin or 1.0)
+    if not segment:
         return False
-    if any(measured < s <= count for s in switches(hook, at, stack)):
-        return False
-    return ours_us < engine_us if margin is None else engine_us / ours_us >= margin
+    if count in [row[0] for row in segment]:
+        return won(next(row for row in segment if row[0] == count))
+    if all(won(row) for row in segment) and any(won(row, clearly) for row in segment):
+        return True
+    below = [row for row in segment if row[0] < count]
+    return won(below[-1]) if below else won(segment[0], clearly)
 
 
 def test_the_packaged_decisions_at_points_read_off_the_h200_run(fresh):
@@ -209,10 +220,10 @@ def test_the_test_knows_every_planned_hook():
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in tables.PACKAGED_DIR.glob("*.json")))
-def test_no_planner_switch_falls_inside_an_extended_range_of_a_packaged_table(name):
-    """A served range may cross a count where the hook's op changes its tiling only where that
-    count itself was measured (and won): a verdict does not carry over to a tiling not
-    measured."""
+def test_no_served_range_reaches_a_segment_without_a_measured_win(name):
+    """A served range may cross a count where either kernel changes its tiling only into a
+    segment (the counts between two such switches) where ours won a measured point: a verdict
+    does not carry over to a tiling not measured."""
     data = json.loads((tables.PACKAGED_DIR / name).read_text())
     stack = tables.file_stack(data)
     crossed = []
@@ -220,10 +231,15 @@ def test_no_planner_switch_falls_inside_an_extended_range_of_a_packaged_table(na
         for hook, entry in hooks.items():
             for mode in tables.MODES:
                 for key, spans in entry[mode].items():
-                    measured = {r[0] for r in entry["points"].get(mode, {}).get(key, [])}
-                    crossed += [(engine, hook, mode, key, (lo, hi), s)
-                                for lo, hi in spans for s in switches(hook, int(key), stack)
-                                if lo < s <= hi and s not in measured]
+                    rows = entry["points"].get(mode, {}).get(key, [])
+                    cuts = sorted({*switches(hook, int(key), stack),
+                                   *plans.ENGINE_TILING_SWITCHES.get((engine, hook), ())})
+                    for lo, hi in spans:
+                        starts = [lo, *(s for s in cuts if lo < s <= hi)]
+                        crossed += [(engine, hook, mode, key, (lo, hi), start)
+                                    for start in starts if not any(
+                                        r[1] < r[2] for r in rows if r[0] >= start and not any(
+                                            start < s <= r[0] for s in cuts))]
     assert not crossed, crossed
     planned = [h for hooks in data["engines"].values() for h in hooks if h in OPS_OF]
     assert len(planned) == 9 and all(switches(h, 7168, stack) for h in planned)

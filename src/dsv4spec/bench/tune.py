@@ -11,10 +11,12 @@ both providers side by side. Ours is served at a point in a mode where it was fa
 metadata builders: at every shape measured for that row count, decode and verify, a short and a
 half-full context). Counts are measured on a coarse grid, then bisected wherever the winner
 changes between neighbours, so the table is dense only where it needs to be; the full grid holds
-both sides of every planner switch of the hook's op (a count where its tiling changes:
-:mod:`dsv4spec.integrations.plans`). A winning point covers the counts up to the next measured
-one or the next planner switch, the largest only itself, and keys between measured keys follow
-the file's rule (:mod:`dsv4spec.integrations.tables`).
+both sides of every tiling switch of the hook's op and of the engine's kernel (a count where a
+tiling changes: :mod:`dsv4spec.integrations.plans`). A count is decided from the points of its
+segment (the counts between two switches), never beyond the largest measured one; segments
+without a point are listed as ``unmeasured``, and keys between measured keys follow the file's
+rule (:mod:`dsv4spec.integrations.tables`). ``--plan`` prints the points, the time estimate and
+the runs that split the grid within a lent GPU's per-command limit.
 
 ``--derive`` (no GPU) re-derives device files' ranges from their points by that rule and writes
 beside each the architecture file that other GPUs of its architecture read: ours only where it
@@ -78,7 +80,8 @@ HIDDEN = (4096, 7168)  # DSV4-Flash, DSV4-Pro
 @dataclass(frozen=True)
 class Grid:
     """What ``tune`` measures for one hook: its table's key and count, the coarse points (full
-    and ``--quick``), the modes it may serve ours in, a cap, seconds per point (estimate)."""
+    and ``--quick``), the modes it may serve ours in, a cap, seconds per point (estimate), and
+    the engine's kernel it is measured against (the table's ``measured_against``)."""
 
     hook: str
     group: str
@@ -99,6 +102,7 @@ class Grid:
     whole_above: int | None = None
     whole_of: int = 1
     engine: str = "sglang"  # whose hook: the planner switches are its op's
+    measured_against: str = "tilelang, DeepGEMM off"
 
     def measurable(self, count: int) -> int:
         """``count``, rounded down to a count this hook's shapes can hold."""
@@ -108,54 +112,63 @@ class Grid:
 
     def points(self, quick: bool, num_sms: int | None = None) -> list[tuple[int, int]]:
         """The coarse (key, count) points; the full grid adds, per key, both sides of every
-        planner switch of the hook's op up to the largest count (on ``num_sms`` SMs)."""
+        tiling switch of the hook's op (on ``num_sms`` SMs) and of the engine's kernel up to the
+        largest count: each segment between two switches holds a measured point at either
+        end."""
         keys, counts = (self.quick_keys, self.quick_counts) if quick else (self.keys,
                                                                              self.counts)
         top = min(max(counts), self.max_count or max(counts))
         out = []
         for k in keys:
-            sides = () if quick else {c for s in plans.tiling_switches(
+            sides = () if quick else {c for s in plans.segment_switches(
                 self.engine, self.hook, k, top, num_sms) for c in (s - 1, s)}
             out += [(k, c) for c in sorted({*counts, *sides})
                     if self.max_count is None or c <= self.max_count]
         return out
 
 
-def _mhc(hook: str, counts: tuple[int, ...], cap: int | None) -> Grid:
+def _mhc(hook: str, counts: tuple[int, ...], cap: int | None, seconds: float) -> Grid:
     return Grid(hook, "mhc", "hidden_size", "num_tokens", "exact", HIDDEN, counts, (7168,),
-                (1, 16), max_count=cap, note=_CAP_NOTE if cap else None)
+                (1, 16), max_count=cap, note=_CAP_NOTE if cap else None, seconds=seconds)
 
 
 def _metadata(hook: str) -> Grid:
     return Grid(hook, "metadata", "page_table_width", "query_rows", "nearer_smaller", WIDTHS,
                 (1, 4, 16, 64, 256, 1024, MAX_ROWS), (4096,), (4, 64), modes=("graph",),
                 note=_METADATA_NOTE, seconds=0.35, quick_seconds=0.2, whole_above=MAX_BS,
-                whole_of=MAX_ROWS // MAX_BS)
+                whole_of=MAX_ROWS // MAX_BS, measured_against="triton")
 
 
+# Seconds per point (its checks, compiles and both modes' timing): the slower of the H200's full
+# runs under Triton 3.6 (benchmarks/results/logs/tune_rerun.log) and 3.8
+# (benchmarks/results/tune/sglang_mhc_triton3.8/, 77 points in 227 s;
+# benchmarks/results/logs/tune_vllm.log), from the seconds each hook's points took there.
 GRIDS: dict[str, Grid] = {g.hook: g for g in (
-    _mhc("mhc_pre", (1, 2, 4, 8, 16, 32), 32),
-    _mhc("mhc_post", (1, 4, 16, 64, 256, 1024, 4096, 16384), None),
-    _mhc("mhc_fused_post_pre", (1, 2, 4, 8, 16, 32), 32),
+    _mhc("mhc_pre", (1, 2, 4, 8, 16, 32), 32, seconds=2.5),
+    _mhc("mhc_post", (1, 4, 16, 64, 256, 1024, 4096, 16384), None, seconds=1.0),
+    _mhc("mhc_fused_post_pre", (1, 2, 4, 8, 16, 32), 32, seconds=5.6),
     Grid("target_hc_head", "hc_head", "hidden_size", "num_tokens", "exact", HIDDEN,
-         (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64), seconds=0.7),
+         (1, 4, 16, 64, 256, 1024, 4096, 16384), (7168,), (1, 64), seconds=0.8,
+         measured_against="triton"),
     # DSpark's draft hc_head (SGLang's hc_head_torch) over bs * N rows, N = 7, bs 1-64
     Grid("dspark_hc_head", "hc_head_torch", "hidden_size", "num_tokens", "exact", HIDDEN,
-         tuple(7 * bs for bs in (1, 2, 4, 8, 16, 32, 64)), (7168,), (7, 56), seconds=0.7),
+         tuple(7 * bs for bs in (1, 2, 4, 8, 16, 32, 64)), (7168,), (7, 56), seconds=0.8,
+         measured_against="torch"),
     _metadata(PAGE_TABLE),
     _metadata(COMPRESSED),
     _metadata(COMPRESSION),
     Grid(EXPAND, "expand", "qo_len", "requests", "nearer_smaller", tuple(range(2, 9)),
-         (1, 4, 16, 64, 256, MAX_BS), (4,), (1, 32)),
+         (1, 4, 16, 64, 256, MAX_BS), (4,), (1, 32), measured_against="torch"),
 )}
 # vLLM 0.33.0's hooks (dsv4spec.integrations.vllm), beside vLLM's TileLang kernels with DeepGEMM
 # off, as `dsv4spec bench vllm` measures them; where vLLM runs DeepGEMM its own op runs whatever
 # the table says (dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS).
 VLLM_GRIDS: dict[str, Grid] = {hook: Grid(
     hook, "vllm", "hidden_size", "num_tokens", "exact", HIDDEN,
-    (1, 4, 16, 64, 256, 1024, 4096), (7168,), (1, 16), seconds=2.5, quick_seconds=2.0,
+    (1, 4, 16, 64, 256, 1024, 4096), (7168,), (1, 16), seconds=seconds, quick_seconds=2.0,
     engine="vllm")
-    for hook in ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")}
+    for hook, seconds in (("hc_head", 1.0), ("mhc_pre", 4.0), ("mhc_post", 1.0),
+                          ("mhc_fused_post_pre", 4.0))}
 ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
@@ -163,6 +176,9 @@ MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 COMPILE_SECONDS = {"mhc": 3.0, "hc_head": 1.0, "hc_head_torch": 1.0, "metadata": 1.0,
                    "expand": 0.5, "vllm": 3.0}
 START_SECONDS = 20.0
+# what --plan cuts the run into: the 10 minutes a lent GPU's command may take, less a fifth for
+# the estimate's error
+CALL_SECONDS = 480.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,6 +216,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # The grid, the estimate, the spans
 
 
+def hook_seconds(g: Grid, quick: bool) -> tuple[int, float]:
+    """A hook's grid points and the estimated seconds to measure them (bisections included)."""
+    points = g.points(quick)
+    keys = {k for k, _ in points}
+    # refinement: about one bisection chain per key where the winner changes
+    refine = 0 if quick else len(keys) * MAX_REFINE
+    per_point = g.quick_seconds if quick else g.seconds
+    return len(points), (len(points) + refine) * per_point + len(keys) * COMPILE_SECONDS[g.group]
+
+
 def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[str], float]:
     """One line per hook (keys, counts, modes, points) and the estimated seconds in all."""
     lines, total = [], START_SECONDS
@@ -208,10 +234,7 @@ def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[st
         points = g.points(quick)
         keys = sorted({k for k, _ in points})
         counts = sorted({c for _, c in points})
-        per_point = g.quick_seconds if quick else g.seconds
-        # refinement: about one bisection chain per key where the winner changes
-        refine = 0 if quick else len(keys) * MAX_REFINE
-        seconds = (len(points) + refine) * per_point + len(keys) * COMPILE_SECONDS[g.group]
+        seconds = hook_seconds(g, quick)[1]
         total += seconds
         lines.append(f"{hook}: {g.key} {_ranges(keys)} x {g.count} {_ranges(counts)}"
                      + ("" if quick else " (+ bisections where the winner changes)")
@@ -219,27 +242,107 @@ def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[st
     return lines, total
 
 
+def calls(hooks: list[str], quick: bool, engine: str = "sglang",
+          limit: float = CALL_SECONDS) -> list[list[str]]:
+    """``hooks`` in the order given, cut into runs each estimated to end within ``limit``
+    seconds (its start included); a hook longer than that is a run of its own, which the same
+    command resumes from its ``.partial`` file where a call was cut short."""
+    if limit <= START_SECONDS:
+        raise ValueError(f"limit: expected more than the {START_SECONDS:.0f} s a run takes to "
+                         f"start, got {limit!r}")
+    runs: list[list[str]] = []
+    spent = limit
+    for hook in hooks:
+        seconds = hook_seconds(ENGINE_GRIDS[engine][hook], quick)[1]
+        if runs and spent + seconds <= limit:
+            runs[-1].append(hook)
+            spent += seconds
+        else:
+            runs.append([hook])
+            spent = START_SECONDS + seconds
+    return runs
+
+
 def _ranges(values: list[int]) -> str:
     return "{" + ", ".join(map(str, values)) + "}" if len(values) <= 8 else (
         f"{{{values[0]}, {values[1]}, ..., {values[-1]}}} ({len(values)})")
 
 
-def spans_from_points(points: dict[int, bool], switches: tuple[int, ...] = ()) -> Spans:
-    """Inclusive count ranges served by ours from measured ``{count: ours_won}``: a winning point
-    covers the counts up to the next measured point or the next of ``switches`` (the counts where
-    the op's tiling changes), the largest measured point only itself."""
-    counts = sorted(points)
+def spans_from_points(points: dict[int, tuple[float, float]], switches: tuple[int, ...] = (),
+                      margin: float | None = None,
+                      carry: float = tables.CARRY_MARGIN["graph"]) -> Spans:
+    """Inclusive count ranges served by ours from measured ``{count: (ours_us, engine_us)}``,
+    segment by segment (the counts from 1 to the largest measured one, split at ``switches``,
+    the counts where either kernel's tiling changes: :func:`segment_verdicts`)."""
     spans: list[tuple[int, int]] = []
-    for i, c in enumerate(counts):
-        if not points[c]:
+    for (lo, hi), verdict in segment_verdicts(points, switches, margin, carry):
+        if verdict is None:
             continue
-        hi = counts[i + 1] - 1 if i + 1 < len(counts) else c
-        hi = min([hi, *(s - 1 for s in switches if c < s)])
-        if spans and spans[-1][1] == c - 1:
-            spans[-1] = (spans[-1][0], hi)
-        else:
-            spans.append((c, hi))
+        for c in range(lo, hi + 1):
+            if not verdict(c):
+                continue
+            if spans and spans[-1][1] == c - 1:
+                spans[-1] = (spans[-1][0], c)
+            else:
+                spans.append((c, c))
     return tuple(spans)
+
+
+def segment_verdicts(points: dict[int, tuple[float, float]], switches: tuple[int, ...] = (),
+                     margin: float | None = None,
+                     carry: float = tables.CARRY_MARGIN["graph"]) -> list:
+    """Per segment of the counts ``1..max(points)`` split at ``switches``, ``((lo, hi),
+    verdict)``: ``verdict(count)`` says whether ours is served there; None where no count of
+    the segment was measured (the engine's, an unmeasured segment). A measured count is ours
+    where ours won there (:func:`wins` with ``margin``). A count not measured takes ours where
+    every point of its segment was won and one of them by ``carry`` or more (``margin`` if
+    larger): its segment runs the same tilings on both sides, and a clear win is not a
+    near-tie that the count's other size could turn. Otherwise the nearest measured count below
+    it in the segment decides (the nearest above where none is below: only by a clear win)."""
+    if not points:
+        return []
+    clear_margin = max(carry, margin or 1.0)
+    out = []
+    for lo, hi in plans.segments(switches, max(points)):
+        measured = sorted(c for c in points if lo <= c <= hi)
+        if not measured:
+            out.append(((lo, hi), None))
+            continue
+        won = {c: wins(*points[c], margin) for c in measured}
+        clear = {c: wins(*points[c], clear_margin) for c in measured}
+        whole = all(won.values()) and any(clear.values())
+
+        def verdict(c: int, measured=measured, won=won, clear=clear, whole=whole) -> bool:
+            if c in won:
+                return won[c]
+            if whole:
+                return True
+            below = [m for m in measured if m < c]
+            return won[below[-1]] if below else clear[measured[0]]
+
+        out.append(((lo, hi), verdict))
+    return out
+
+
+def unmeasured_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
+                  stack: str | None = None) -> dict[str, dict[str, list[list[int]]]]:
+    """Per mode and key of an entry's ``points``, the segments (:func:`segment_verdicts`) no
+    point was measured in, below the cap: counts left to the engine with no measurement behind
+    them, until ``tune`` measures there. Only modes and keys with such a segment appear."""
+    out: dict[str, dict[str, list[list[int]]]] = {}
+    cap = entry.get("max_count")
+    for mode, keyed in entry.get("points", {}).items():
+        for key, rows in keyed.items():
+            if not rows:
+                continue
+            top = max(r[0] for r in rows)
+            switches = plans.segment_switches(engine, hook, int(key), top, num_sms, stack)
+            gaps = [[lo, hi if cap is None else min(hi, cap)] for (lo, hi), verdict in
+                    segment_verdicts({r[0]: (r[1], r[2]) for r in rows}, switches)
+                    if verdict is None and (cap is None or lo <= cap)]
+            if gaps:
+                out.setdefault(mode, {})[key] = gaps
+    return out
 
 
 def bisections(won: dict[int, tuple[bool, ...]], depth: dict[int, int]) -> list[int]:
@@ -269,17 +372,27 @@ def wins(ours_us: float, engine_us: float, margin: float | None = None) -> bool:
 def spans_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
              stack: str | None = None, margin: float | None = None) -> dict[str, dict]:
     """An entry's ranges, per mode that has ``points`` and per key, derived from those points
-    (:func:`spans_from_points`, a point served where :func:`wins` with ``margin``), clipped at
-    the planner switches of ``engine``'s ``hook`` on ``num_sms`` SMs under Triton ``stack``."""
+    (:func:`spans_from_points`, a point served where :func:`wins` with ``margin``) in the
+    segments between the tiling switches of ``engine``'s ``hook`` (ours on ``num_sms`` SMs
+    under Triton ``stack``, and the engine's kernel's: :func:`plans.segment_switches`)."""
     out = {}
     for mode, keyed in entry.get("points", {}).items():
         out[mode] = {}
         for key, rows in keyed.items():
-            switches = plans.tiling_switches(engine, hook, int(key), max(r[0] for r in rows),
-                                             num_sms, stack) if rows else ()
+            switches = plans.segment_switches(engine, hook, int(key), max(r[0] for r in rows),
+                                              num_sms, stack) if rows else ()
             out[mode][key] = [list(s) for s in spans_from_points(
-                {c: wins(o, e, margin) for c, o, e in rows}, switches)]
+                {c: (o, e) for c, o, e in rows}, switches, margin, tables.CARRY_MARGIN[mode])]
     return out
+
+
+def derived_fields(entry: dict, engine: str, hook: str, num_sms: int | None = None,
+                   stack: str | None = None, margin: float | None = None) -> dict:
+    """What :func:`spans_of` and :func:`unmeasured_of` derive from an entry's points: its
+    ranges per mode and its ``unmeasured`` segments (the field absent where none is)."""
+    out = spans_of(entry, engine, hook, num_sms, stack, margin)
+    gaps = unmeasured_of(entry, engine, hook, num_sms, stack)
+    return {**out, "unmeasured": gaps} if gaps else out
 
 
 def entry_from_points(g: Grid, points: dict[int, dict[int, dict]], num_sms: int | None = None,
@@ -287,14 +400,17 @@ def entry_from_points(g: Grid, points: dict[int, dict[int, dict]], num_sms: int 
     """A hook's table entry from ``{key: {count: {mode: [ours_us, engine_us]}}}`` measured on
     ``num_sms`` SMs under Triton ``stack`` (default: the imported one)."""
     entry = {"key": g.key, "between_keys": g.between_keys, "count": g.count,
-             "max_count": g.max_count}
-    measured = {"points": {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
+             "max_count": g.max_count, "measured_against": g.measured_against}
+    measured = {"max_count": g.max_count,
+                "points": {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
                                   for k, by_count in sorted(points.items())}
                            for mode in g.modes}}
-    spans = spans_of(measured, g.engine, g.hook, num_sms, stack)
+    derived = derived_fields(measured, g.engine, g.hook, num_sms, stack)
     for mode in tables.MODES:
-        entry[mode] = spans.get(mode, {})
-    entry.update(measured)
+        entry[mode] = derived.get(mode, {})
+    if "unmeasured" in derived:
+        entry["unmeasured"] = derived["unmeasured"]
+    entry["points"] = measured["points"]
     if g.note:
         entry["note"] = g.note
     return entry
@@ -307,7 +423,9 @@ def respanned(data: dict) -> dict:
     stack = tables.file_stack(data)
     for engine, hooks in out["engines"].items():
         for hook, entry in hooks.items():
-            entry.update(spans_of(entry, engine, hook, data["measured"].get("sm_count"), stack))
+            entry.pop("unmeasured", None)
+            entry.update(derived_fields(entry, engine, hook, data["measured"].get("sm_count"),
+                                        stack))
     return out
 
 
@@ -328,8 +446,9 @@ def architecture_file(data: dict, name: str, margin: float = tables.ARCHITECTURE
         out["engines"][engine] = {}
         for hook, entry in hooks.items():
             derived = {**entry, **{mode: {} for mode in tables.MODES}}
-            derived.update(spans_of(entry, engine, hook, data["measured"]["sm_count"], stack,
-                                    margin))
+            derived.pop("unmeasured", None)
+            derived.update(derived_fields(entry, engine, hook, data["measured"]["sm_count"],
+                                          stack, margin))
             out["engines"][engine][hook] = derived
     return json.loads(json.dumps(out))
 
@@ -629,16 +748,19 @@ def report(data: dict) -> str:
     out = [f"# Measured-faster tables: {data['device'] or data['architecture']}", "",
            ", ".join(f"{k} {m[k]}" for k in m if k != "command")
            + f"; command `{m.get('command', '')}`", "",
-           "| engine | hook | key | mode | ours served at | share of points |",
-           "|---|---|---|---|---|---|"]
+           "| engine | hook | key | mode | ours served at | share of points | unmeasured | "
+           "measured against |", "|---|---|---|---|---|---|---|---|"]
     for engine, hooks in data["engines"].items():
         for hook, entry in hooks.items():
             modes = [mode for mode in tables.MODES if entry.get("points", {}).get(mode)]
             share = served_share(entry, tuple(modes))
             for mode in tables.MODES:
                 served = "engine's always" if mode not in modes else _describe(entry[mode])
+                gaps = entry.get("unmeasured", {}).get(mode)
                 out.append(f"| {engine} | {hook} | {entry['key']} | {mode} | {served} | "
-                           + (f"{share[mode]:.0%}" if mode in modes else "-") + " |")
+                           + (f"{share[mode]:.0%}" if mode in modes else "-")
+                           + f" | {_describe(gaps) if gaps else '-'} | "
+                           + f"{entry.get('measured_against', '-')} |")
     for engine, hooks in data["engines"].items():
         for hook, entry in hooks.items():
             for mode, keyed in entry.get("points", {}).items():
@@ -684,7 +806,12 @@ def main(args: argparse.Namespace) -> int:
         return 0
     lines, seconds = plan(hooks, args.quick, args.engine)
     if args.plan:
-        print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min on an H200 (estimate)")
+        points = sum(hook_seconds(grids[h], args.quick)[0] for h in hooks)
+        runs = calls(hooks, args.quick, args.engine)
+        print("\n".join(lines) + f"\nin all {points} points, ~{seconds / 60:.1f} min on an H200 "
+              f"(estimate); in runs of at most {CALL_SECONDS / 60:.0f} min each:\n" + "\n".join(
+                  f"  dsv4spec tune --engine {args.engine} --hooks {' '.join(run)}"
+                  + (" --quick" * args.quick) for run in runs))
         return 0
     if not torch.cuda.is_available():
         print("dsv4spec tune: error: needs a CUDA GPU (none visible); nothing was written",
@@ -806,9 +933,12 @@ def main(args: argparse.Namespace) -> int:
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
                   for m in modes}
         share = served_share(entry, modes)
+        gaps = entry.get("unmeasured", {})
         print(f"{hook}: ours served at " + ", ".join(
             f"{m} {_describe(entry[m])} ({share[m]:.0%} of the points)" for m in modes) + (
-            "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)"))
+            "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)") + (
+            "; no point in " + ", ".join(f"{m} {_describe(k)}" for m, k in gaps.items())
+            + f" ({peer_name}'s until measured)" if gaps else ""))
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
           "next start")
     return 0

@@ -44,10 +44,21 @@ rows, requests, tokens) where ours is served; a measured key where ours never wo
 A key between two measured keys gets the nearer smaller one's ranges where ``between_keys`` is
 ``nearer_smaller`` (widths, ``qo_len``: a wider table only costs the engine's builder more), and
 nothing where it is ``exact`` (``H``, a property of the model); a key below or above every
-measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges by the
-same rule along the counts: a winning point covers the counts up to the next measured point
-or the next planner switch of the hook's op (both excluded: a tiling not measured is not
-extrapolated to), the largest measured count only itself. ``max_count`` (optional) is a cap beyond
+measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the ranges from
+the points segment by segment: a segment is a maximal range of counts with no tiling switch of
+ours or of the engine's kernel inside (:func:`dsv4spec.integrations.plans.segment_switches`),
+and a count is decided only from points of its segment, never beyond the largest measured
+count. A measured count is ours where ours won there; one not measured is ours where every
+point of its segment won and one by ``CARRY_MARGIN`` (1.10x in a graph, 1.25x eagerly; an
+architecture file's margin where larger), else the nearest measured count below it in the
+segment decides (none below: the first above, by a clear win only). A segment without a point
+is the engine's and listed in ``unmeasured`` (optional, written by ``tune``: per mode and key,
+its inclusive ranges), so that a count left to the engine has either a measured loss behind it
+or a listed segment; ``tune`` measures both sides of every switch, so a full run lists none.
+``measured_against`` (optional, written by ``tune``) names the engine path ours was timed
+against: ``"tilelang, DeepGEMM off"`` (the mHC kernels of both engines, vLLM's hc_head),
+``"triton"`` (SGLang's target hc_head, the metadata builders), ``"torch"`` (SGLang's draft
+hc_head, the expand). ``max_count`` (optional) is a cap beyond
 which the engine's own code runs whatever was measured (the mHC hooks' 32 tokens, above which
 SGLang runs DeepGEMM's GEMM, not the kernel measured); ranges are clipped to it on loading.
 ``points`` (optional) keeps what ``tune`` measured: per mode and key, ``[count, ours_us,
@@ -80,6 +91,13 @@ FORMAT = 1
 # (engine_us >= ARCHITECTURE_MARGIN * ours_us): a GPU of other SMs, clocks and bandwidth may
 # lose a near-tie, not a clear win
 ARCHITECTURE_MARGIN = 1.25
+# Per mode, how much faster ours must have been at a measured point for a count not measured in
+# its segment (no tiling switch of either kernel between them) to take ours, every point of the
+# segment won: more than one point's ratio moves between two runs. The H200's two full runs
+# (benchmarks/results/tune/NVIDIA_H200.json and NVIDIA_H200_rerun.json, 397 shared points) moved
+# it by at most 9.6 % in a graph (95 % of points within 3.2 %) and by up to 66 % eagerly (95 %
+# within 26 %, the host's speed modes)
+CARRY_MARGIN = {"graph": 1.10, "eager": 1.25}
 TABLES_DIR_ENV = "DSV4SPEC_TABLES_DIR"
 PACKAGED_DIR = Path(__file__).with_name("tables")
 MODES = ("graph", "eager")
@@ -87,7 +105,7 @@ BETWEEN_KEYS = ("exact", "nearer_smaller")
 ENGINES = ("sglang", "vllm")
 _REQUIRED = ("format", "device", "architecture", "measured", "engines")
 _HOOK_FIELDS = {"key", "between_keys", "count", "max_count", "graph", "eager", "points",
-                "source", "note", "engine_versions"}
+                "source", "note", "engine_versions", "measured_against", "unmeasured"}
 
 
 def user_dir() -> Path:
@@ -190,6 +208,25 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
         out[mode] = dict(sorted(parsed.items()))
     if "points" in entry:
         out["points"] = entry["points"]
+    # which of the engine's paths ours was timed against ("tilelang, DeepGEMM off")
+    against = entry.get("measured_against")
+    if against is not None:
+        if not (isinstance(against, str) and against.strip()):
+            raise ValueError(f"{what}.measured_against: expected the engine path measured, got "
+                             f"{against!r}")
+        out["measured_against"] = against
+    if "unmeasured" in entry:
+        gaps = entry["unmeasured"]
+        if not isinstance(gaps, dict) or set(gaps) - set(MODES):
+            raise ValueError(f"{what}.unmeasured: expected an object of mode -> key -> ranges")
+        out["unmeasured"] = {}
+        for mode, keyed in gaps.items():
+            if not isinstance(keyed, dict) or not all(
+                    isinstance(k, str) and k.isdigit() for k in keyed):
+                raise ValueError(f"{what}.unmeasured.{mode}: expected an object of key -> "
+                                 "ranges")
+            out["unmeasured"][mode] = {int(k): _spans(v, f"{what}.unmeasured.{mode}.{k}")
+                                       for k, v in keyed.items()}
     # the engine releases the rows hold for: measured on, or sharing the measured kernels
     versions = entry.get("engine_versions")
     if versions is not None:

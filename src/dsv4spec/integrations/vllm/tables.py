@@ -20,10 +20,10 @@ boundary 619 vs 1028; the narrowest, ``mhc_post`` at H = 4096, 19.2 vs 20.0 at 1
 spans reach 4096 at both widths (with the boundary's token rows, ``benchmarks/results/mhc/``
 12:44-12:53, 408 vs 1034 us at 4096). hc_head
 won everywhere eagerly and in a graph at H = 7168 (3.85 vs 7.99 us at T = 1, 13.4 vs 14.0 at
-256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us). Each
-win covers the counts up to the next measured one or the next planner switch of the op
-(:mod:`dsv4spec.integrations.plans`): the counts between a switch and the next measured count
-(5-7, 65-255 tokens, ...) keep vLLM's kernel until measured. ``dsv4spec tune --engine vllm``
+256); at H = 4096 in a graph it won to T = 32 and at 256 but lost at 64 (6.19 vs 5.63 us). A
+count is decided from the points of its segment, the counts between two tiling switches of our
+op or vLLM's kernel (:mod:`dsv4spec.integrations.plans`); a segment without a point keeps vLLM's
+kernel and is listed in the row's ``unmeasured`` until measured. ``dsv4spec tune --engine vllm``
 measures these hooks on another GPU (``bench vllm``'s measurement over its grid) into the user
 directory's file. The graph and eager spans may differ: a shape the eager span gives to ours
 and the graph span to vLLM finds vLLM's kernel compiled before any capture, since vLLM compiles
