@@ -36,7 +36,18 @@ def test_the_table_states_its_conditions_and_a_small_end_row():
         assert r["plugin_step_us"] == pytest.approx(
             r["engine_step_us"] - saved["triton3.6_deepgemm_off"], abs=0.11)
     json_rows = json.loads((headline.ROOT / headline.OUT / "headline.json").read_text())["rows"]
-    assert json_rows == rows
+    assert json_rows == headline.compute(specs=headline.every_spec())
+    assert json_rows[:len(rows)] == rows
+
+
+def test_the_plugin_pages_hold_the_tables_of_their_engine():
+    for name, specs in headline.DOC_ROWS.items():
+        block = headline.outputs()[headline.ROOT / name]
+        table = block[block.index(headline.BEGIN):block.index(headline.END)]
+        engine = headline.ENGINE_NAMES[specs[0][0]]
+        rows = [line for line in table.splitlines() if line.startswith(f"| {engine}")]
+        assert len(rows) == len(specs), name
+        assert "](../benchmarks/results/headline/headline.md)" in table  # links from docs/
 
 
 def test_vllm_with_deepgemm_saves_nothing_on_mhc_pre_and_the_boundary_above_32_tokens():

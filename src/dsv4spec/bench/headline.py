@@ -26,8 +26,9 @@ latency), re-derived for the tables as they ship whenever this is run.
   savings are given.
 
 ``python -m dsv4spec.bench.headline`` writes ``benchmarks/results/headline/headline.{json,md}``
-and the README's table between its ``headline`` markers; ``--check`` only compares (exit 1 where
-a file differs). ``tests/bench/test_headline.py`` runs the comparison.
+and the tables between the ``headline`` markers of the README (its rows, :data:`ROWS`) and of
+the plugin pages (every step summed there, :data:`DOC_ROWS`); ``--check`` only compares (exit 1
+where a file differs). ``tests/bench/test_headline.py`` runs the comparison.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ ROWS = (
     ("vllm", "DSV4-Flash", "mtp", 3, 1),
     ("vllm", "DSV4-Flash", "dspark", 7, 8),
 )
+# the plugin pages' per-step tables: every step the result files hold the calls of
+DOC_ROWS = {
+    "docs/vllm.md": tuple(("vllm", model, drafter, k, bs) for model in MODELS
+                          for drafter, k in (("mtp", 1), ("mtp", 3), ("dspark", 7))
+                          for bs in (1, 8, 32)),
+    "docs/sglang.md": tuple(("sglang", model, "dspark", 7, bs) for model in MODELS
+                            for bs in (1, 8)),
+}
 ENGINE_NAMES = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.34.0"}
 # the table hook a call's op reads (vLLM 0.34.0's reuse_residual boundary: the boundary's)
 TABLE_HOOK = {"mhc_fused_post_pre_reuse_residual": "mhc_fused_post_pre"}
@@ -183,32 +192,42 @@ def row(engine: str, model: str, drafter: str, k: int, bs: int, measured: dict) 
     return out
 
 
-def compute(root: Path = ROOT) -> list[dict]:
+def compute(root: Path = ROOT, specs=ROWS) -> list[dict]:
     measured = {"sglang": sglang_points(root), "vllm": vllm_points(root)}
-    return [row(*spec, measured=measured[spec[0]]) for spec in ROWS]
+    return [row(*spec, measured=measured[spec[0]]) for spec in specs]
+
+
+def every_spec() -> list[tuple]:
+    """The README's rows, then the plugin pages' others."""
+    specs = list(ROWS)
+    for rows in DOC_ROWS.values():
+        specs += [spec for spec in rows if spec not in specs]
+    return specs
 
 
 def _us(value: float) -> str:
     return f"{value:,.1f} µs"
 
 
-def readme_table(rows: list[dict]) -> str:
-    """The README's table (between its markers)."""
-    drafters = {"mtp": "MTP {k} drafts", "dspark": "DSpark (N = {k})"}
+def readme_table(rows: list[dict], up: str = "") -> str:
+    """The table between a page's markers; ``up`` leads its links to the repository root
+    (``"../"`` from ``docs/``)."""
+    drafters = {"mtp": "MTP {k} draft{s}", "dspark": "DSpark (N = {k})"}
     lines = ["| engine, model, drafter | bs | tokens per call: verify / draft | saved: Triton "
              "3.8, DeepGEMM on | saved: Triton 3.8, DeepGEMM off | Triton 3.6, DeepGEMM off: "
              "engine → with dsv4spec (saved) | results file |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        what = f"{r['engine']}, {r['model']}, {drafters[r['drafter']].format(k=r['k'])}"
+        drafter = drafters[r["drafter"]].format(k=r["k"], s="s" if r["k"] > 1 else "")
+        what = f"{r['engine']}, {r['model']}, {drafter}"
         saved = r["saved_us"]
         lab = (f"{_us(r['engine_step_us'])} → {_us(r['plugin_step_us'])} "
                f"({saved['triton3.6_deepgemm_off']:,.1f} µs, {r['saved_pct']} %)")
         lines.append(f"| {what} | {r['bs']} | {r['verify_T']} / {r['draft_T']} | "
                      f"{_us(saved['triton3.8_deepgemm_on'])} | "
                      f"{_us(saved['triton3.8_deepgemm_off'])} | {lab} | "
-                     f"[`headline.md`]({OUT}/headline.md), from "
-                     f"[`{Path(r['results']).name}`]({r['results']}) |")
+                     f"[`headline.md`]({up}{OUT}/headline.md), from "
+                     f"[`{Path(r['results']).name}`]({up}{r['results']}) |")
     return "\n".join(lines)
 
 
@@ -231,17 +250,22 @@ def readme_with(text: str, table: str) -> str:
     """``text`` (the README) with the table between its markers replaced."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"{README}: no {BEGIN} ... {END} block")
+        raise ValueError(f"no {BEGIN} ... {END} block")
     return text[:start + len(BEGIN)] + "\n" + table + "\n" + text[end:]
 
 
 def outputs(root: Path = ROOT) -> dict[Path, str]:
     """What this writes: path -> content."""
-    rows = compute(root)
-    readme = root / README
-    return {root / OUT / "headline.json": json.dumps({"rows": rows}, indent=1) + "\n",
-            root / OUT / "headline.md": markdown(rows),
-            readme: readme_with(readme.read_text(), readme_table(rows))}
+    specs = every_spec()
+    rows = compute(root, specs)
+    of = dict(zip(specs, rows))
+    out = {root / OUT / "headline.json": json.dumps({"rows": rows}, indent=1) + "\n",
+           root / OUT / "headline.md": markdown(rows)}
+    for name, chosen in {README: ROWS, **DOC_ROWS}.items():
+        path = root / name
+        up = "../" * (len(Path(name).parts) - 1)
+        out[path] = readme_with(path.read_text(), readme_table([of[s] for s in chosen], up))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
