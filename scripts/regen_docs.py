@@ -133,7 +133,9 @@ def claim_text(m: re.Match) -> str:
 def regenerated(text: str) -> str:
     """``text`` with every sample block and range claim written by the code."""
     text = SAMPLE.sub(lambda m: f"<!-- {m[1]} -->\n```\n{run_sample(m[1])}```", text)
-    return CLAIM.sub(claim_text, text)
+    # a claim that still holds keeps its line breaks
+    return CLAIM.sub(lambda m: m[0] if " ".join(m[0].split()) == claim_text(m)
+                     else claim_text(m), text)
 
 
 def main(argv: list[str] | None = None) -> int:

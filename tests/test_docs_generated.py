@@ -76,3 +76,19 @@ def test_a_stale_claim_or_sample_is_caught():
     assert regen_docs.comparable(m[2]) != regen_docs.comparable(regen_docs.run_sample(m[1]))
     with pytest.raises(ValueError, match="command"):
         regen_docs.run_sample("dsv4spec demo")
+
+
+def test_the_readmes_example_of_a_range_extension_holds():
+    """The README's example of a count a winning point's range gives to ours though measured
+    slower there: vLLM's mhc_post at 128 tokens, H = 7168, under Triton 3.6."""
+    import json
+
+    from dsv4spec.integrations.vllm import mhc
+
+    readme = (ROOT / "README.md").read_text()
+    assert "vLLM's `mhc_post` at 128 tokens, H = 7168: 4.61\nvs 4.18 µs" in readme
+    rows = json.loads((ROOT / "benchmarks/results/vllm034/vllm_plugin_h7168.json").read_text())
+    row = next(r for r in rows["rows"] if (r["op"], r["T"]) == ("mhc_post", 128))
+    assert row["hook_graph_us"] > row["vllm_graph_us"]  # measured slower
+    with tables.assuming("NVIDIA H200", "3.6"):
+        assert mhc.prefers_dsv4spec("mhc_post", 128, 7168, True, (9, 0))  # yet served
