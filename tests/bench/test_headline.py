@@ -73,6 +73,22 @@ def test_the_sums_follow_the_tables(monkeypatch):
     assert r["plugin_step_us"] == r["engine_step_us"]
 
 
+def test_a_user_table_does_not_change_the_headline(monkeypatch, tmp_path):
+    """The headline is the packaged tables': a user's tuned file (here one serving nothing)
+    is not read."""
+    rows = headline.compute()
+    user = tmp_path / "user"
+    user.mkdir()
+    packaged = json.loads((tables.PACKAGED_DIR / "NVIDIA_H200.json").read_text())
+    for hooks in packaged["engines"].values():
+        for entry in hooks.values():
+            for mode in tables.MODES:
+                entry[mode] = {key: [] for key in entry[mode]}
+    (user / "NVIDIA_H200.json").write_text(json.dumps(packaged))
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(user))
+    assert headline.compute() == rows
+
+
 def test_a_triton_38_call_saves_its_covering_point():
     points = {("mhc_pre", 7168): [[1, 5.0, 9.0], [4, 6.0, 9.5], [16, 8.0, 10.0]]}
     assert headline.point_saving(points, "mhc_pre", 7168, 4) == 3.5

@@ -34,10 +34,13 @@ where a file differs). ``tests/bench/test_headline.py`` runs the comparison.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dsv4spec.integrations import tables
@@ -192,9 +195,26 @@ def row(engine: str, model: str, drafter: str, k: int, bs: int, measured: dict) 
     return out
 
 
+@contextlib.contextmanager
+def packaged_tables_only() -> Iterator[None]:
+    """The packaged tables decide, whatever this user's tables directory holds."""
+    previous = os.environ.get(tables.TABLES_DIR_ENV)
+    with tempfile.TemporaryDirectory() as empty:
+        os.environ[tables.TABLES_DIR_ENV] = empty
+        try:
+            yield
+        finally:
+            if previous is None:
+                del os.environ[tables.TABLES_DIR_ENV]
+            else:
+                os.environ[tables.TABLES_DIR_ENV] = previous
+            tables.clear_cache()
+
+
 def compute(root: Path = ROOT, specs=ROWS) -> list[dict]:
     measured = {"sglang": sglang_points(root), "vllm": vllm_points(root)}
-    return [row(*spec, measured=measured[spec[0]]) for spec in specs]
+    with packaged_tables_only():
+        return [row(*spec, measured=measured[spec[0]]) for spec in specs]
 
 
 def every_spec() -> list[tuple]:
