@@ -24,8 +24,8 @@ from dsv4spec.integrations.vllm.source import vllm_src
 ROOT = Path(__file__).resolve().parents[1]
 H200 = {"device_name": "NVIDIA H200", "capability": (9, 0)}
 SM90 = (9, 0)
-KEYS = {"dsv4spec", "what_if", "gpu", "torch", "triton", "tables", "engines", "numerics",
-        "warnings", "problems", "exit"}
+KEYS = {"dsv4spec", "what_if", "gpu", "torch", "triton", "tables", "engines", "assumed_engines",
+        "numerics", "warnings", "problems", "exit"}
 
 
 @pytest.fixture
@@ -140,6 +140,64 @@ def test_a_decision_inside_a_hook_is_what_the_report_shows(monkeypatch):
     assert target["graph"] == {"4096": [[1, 3]], "7168": [[1, 3]]}
     vllm = report["engines"]["vllm"]["hooks"]["hc_head"]["ranges"][""]
     assert vllm["eager"] == {"4096": [[1, 3]], "7168": [[1, 3]]}
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Neither SGLang nor vLLM installed."""
+    monkeypatch.setattr(doctor, "_installed", lambda engine, plugin: (None, None))
+
+
+def test_what_if_without_an_engine_answers_for_every_packaged_version(no_engine, capsys):
+    rc = main(["doctor", "--device-name", "NVIDIA H200", "--capability", "9.0",
+               "--triton-stack", "3.8"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for header in ("SGLang 0.5.23 (its packaged manifest) hooks on NVIDIA H200 (sm_90) under "
+                   "Triton 3.8: 13 of 13 act",
+                   "vLLM 0.33.0 (its packaged manifest) hooks on NVIDIA H200 (sm_90) under "
+                   "Triton 3.8: 4 of 5 act",
+                   "vLLM 0.34.0 (its packaged manifest) hooks on NVIDIA H200 (sm_90) under "
+                   "Triton 3.8: 5 of 5 act"):
+        assert header in out, out
+    flat = " ".join(out.split())
+    assert "H: hidden size (7168: DSV4-Pro, 4096: DSV4-Flash)" in flat
+    assert "bs x 4 with MTP's 3 drafts and bs x 8 with DSpark's N = 7" in flat
+    assert "--engine vllm==0.34.0 answers for a tested version" in flat
+    report = doctor.build_report(**H200, triton_stack="3.8", numerics=False)
+    assert report["exit"] == 0 and not report["problems"]
+    assumed = {(e["name"], e["assumed"]): e for e in report["assumed_engines"]}
+    assert set(assumed) == {("SGLang", "0.5.23"), ("vLLM", "0.33.0"), ("vLLM", "0.34.0")}
+    # the same decision functions as for an installed engine
+    for (name, _), entry in assumed.items():
+        engine = report["engines"][name.lower()]
+        assert engine["source"] is None and entry["installed"] is None
+        for hook, answer in entry["hooks"].items():
+            assert answer["ranges"] == engine["hooks"][hook]["ranges"], hook
+    reuse = assumed[("vLLM", "0.33.0")]["hooks"]["mhc_fused_post_pre_reuse_residual"]
+    assert reuse["verdict"]["absent"] and not reuse["acts"]
+    assert all(h["acts"] for h in assumed[("vLLM", "0.34.0")]["hooks"].values())
+
+
+def test_the_engine_option_answers_for_the_versions_named(capsys):
+    report = doctor.build_report(**H200, numerics=False, engines=doctor.engine_versions(
+        ["vllm==0.34.0"]))
+    assert [(e["name"], e["assumed"]) for e in report["assumed_engines"]] == [("vLLM", "0.34.0")]
+    assert report["what_if"] and report["exit"] == 0
+    assert doctor.engine_versions(["vllm"]) == [("vllm", "0.33.0"), ("vllm", "0.34.0")]
+    assert doctor.engine_versions(["SGLang==0.5.23", "sglang==0.5.23"]) == [("sglang", "0.5.23")]
+    for bad in ("vllm==0.1", "trt"):
+        with pytest.raises(doctor.UsageError) as raised:
+            doctor.engine_versions([bad])
+        assert raised.value.argument == "--engine"
+    assert main(["doctor", "--engine", "vllm==0.1"]) == EXIT_USAGE
+    assert "argument --engine" in capsys.readouterr().err
+
+
+def test_this_machine_without_an_engine_is_not_validated(no_gpu, no_engine):
+    report = doctor.build_report(numerics=False)
+    assert "neither SGLang nor vLLM found: no plugin would load" in report["problems"]
+    assert report["exit"] == 1
 
 
 def test_what_if_with_no_table_for_the_gpu_says_to_tune(capsys):

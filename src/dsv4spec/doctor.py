@@ -9,16 +9,20 @@ acting hooks would launch, run once on this GPU against its reference (float64, 
 ``--device-name``, ``--capability`` and ``--triton-stack`` ask what would happen on another GPU
 or under another Triton (the tables and the ranges; the numerics need that GPU and are skipped).
 ``--sglang-source`` and ``--vllm-source`` check an engine source tree that is not installed.
-``--json`` prints the report as one JSON object with the keys ``dsv4spec``, ``what_if``, ``gpu``,
-``torch``, ``triton``, ``tables``, ``engines``, ``numerics``, ``warnings``, ``problems`` and
-``exit`` (docs/doctor.md).
+``--engine sglang==0.5.23`` (or ``vllm==0.34.0``, ``vllm`` for each packaged version) answers for
+a tested engine version from its packaged manifest, without the engine; where no engine is found
+(none installed, no source given), every packaged version is answered for. ``--json`` prints the
+report as one JSON object with the keys ``dsv4spec``, ``what_if``, ``gpu``, ``torch``,
+``triton``, ``tables``, ``engines``, ``assumed_engines``, ``numerics``, ``warnings``,
+``problems`` and ``exit`` (docs/doctor.md).
 
 Exit status 0: everything that would act is validated: a CUDA GPU (or the one assumed), each
 engine found has every hook's source matching a tested version, a table of the Triton stack
 serves the GPU, and every numerics check passed (in a what-if none is run: 0 says the rest is
-validated). 1: something is not (``problems`` says what), or nothing would act: no CUDA GPU
-(every hook steps aside, the engines' own code runs), neither engine found, no table for this GPU
-and Triton. 2: a bad argument.
+validated; a what-if without an engine is answered for the engines' packaged manifests). 1:
+something is not (``problems`` says what), or nothing would act: no CUDA GPU (every hook steps
+aside, the engines' own code runs), neither engine found on this machine (outside a what-if), no
+table for this GPU and Triton. 2: a bad argument.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ WIDTHLESS_COUNT = 4
 SHORT = {"hidden_size": "H", "num_tokens": "T", "page_table_width": "width",
          "query_rows": "rows", "requests": "bs"}
 WIDTH = 100
+# What the counts and keys of the hook lines are, in the DSV4 models' terms.
+LEGEND = ("T: tokens per call (the target's verify: bs x (drafts + 1), so bs x 4 with MTP's 3 "
+          "drafts and bs x 8 with DSpark's N = 7; DSpark's draft: bs x 7 rows; MTP's drafts after "
+          "the first: bs); H: hidden size (7168: DSV4-Pro, 4096: DSV4-Flash); rows: query rows; "
+          "width: page-table width in pages; bs: requests; qo_len: query length per request")
 
 
 def _capability(text: str) -> tuple[int, int]:
@@ -84,12 +93,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-source", type=Path, default=None, metavar="DIR",
                         help="check the vLLM source under DIR (holding vllm/) in place of the "
                              "installed one")
+    parser.add_argument("--engine", action="append", default=None, metavar="NAME[==VERSION]",
+                        help="answer for a tested engine version from its packaged manifest, "
+                             "without the engine (sglang==0.5.23, vllm==0.34.0; a name alone: "
+                             "each packaged version); repeatable. Default, where no engine is "
+                             "found: every packaged version")
+
+
+def engine_versions(specs: list[str] | None) -> list[tuple[str, str]]:
+    """``--engine`` values as (engine, version) pairs with a packaged manifest, in the order
+    given (a name alone: each packaged version, oldest first); ``UsageError`` naming
+    ``--engine`` for an unknown engine or an untested version."""
+    out: list[tuple[str, str]] = []
+    for spec in specs or []:
+        engine, _, version = str(spec).strip().lower().partition("==")
+        if engine not in ENGINES:
+            raise UsageError("--engine", f"unknown engine {spec!r} (one of {sorted(ENGINES)})")
+        tested = [m["version"] for m in _manifests(engine)]
+        if version and version not in tested:
+            raise UsageError("--engine", f"no packaged manifest of {ENGINES[engine][0]} "
+                             f"{version} (tested: {', '.join(tested)})")
+        for v in [version] if version else tested:
+            if (engine, v) not in out:
+                out.append((engine, v))
+    return out
+
+
+def _manifests(engine: str) -> list[dict]:
+    """The packaged manifests of ``engine``, oldest first."""
+    plugin = importlib.import_module(ENGINES[engine][1])
+    return sorted(plugin.manifests(), key=lambda m: _version_key(m["version"]))
 
 
 def main(args: argparse.Namespace) -> int:
     report = build_report(device_name=args.device_name, capability=args.capability,
                           triton_stack=args.triton_stack,
-                          sources={"sglang": args.sglang_source, "vllm": args.vllm_source})
+                          sources={"sglang": args.sglang_source, "vllm": args.vllm_source},
+                          engines=engine_versions(args.engine))
     print(json.dumps(report, indent=1) if args.json else render(report))
     return report["exit"]
 
@@ -101,19 +141,23 @@ def main(args: argparse.Namespace) -> int:
 def build_report(device_name: str | None = None, capability: tuple[int, int] | None = None,
                  triton_stack: str | None = None,
                  sources: dict[str, Path | None] | None = None,
-                 numerics: bool = True) -> dict[str, Any]:
+                 numerics: bool = True,
+                 engines: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """The doctor's report as a JSON-able dict (see the module docstring for its keys).
     ``device_name``, ``capability``, ``triton_stack``: the what-if (any given: the numerics are
     skipped); ``sources``: engine -> a source tree to check in place of the installed one;
-    ``numerics``: False skips them (tests)."""
+    ``numerics``: False skips them (tests); ``engines``: (engine, version) pairs answered for
+    from their packaged manifests (a what-if too; default, where no engine is found: every
+    packaged version)."""
     sources = sources or {}
     for engine, root in sources.items():
         if engine not in ENGINES:
             raise ValueError(f"sources: unknown engine {engine!r} (one of {sorted(ENGINES)})")
         if root is not None and not (Path(root) / engine).is_dir():
             raise UsageError(f"--{engine}-source", f"{root} holds no {engine}/ folder")
-    what_if = device_name is not None or capability is not None or triton_stack is not None
-    gpu = _gpu(device_name, capability, triton_stack, what_if)
+    gpu_what_if = device_name is not None or capability is not None or triton_stack is not None
+    what_if = gpu_what_if or bool(engines)
+    gpu = _gpu(device_name, capability, triton_stack, gpu_what_if)
     report: dict[str, Any] = {
         "dsv4spec": __version__, "what_if": what_if, "gpu": gpu,
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
@@ -122,12 +166,18 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
                    "stack": gpu["stack"]},
     }
     architecture = None if gpu["architecture"] is None else tuple(gpu["architecture"])
-    assumed = tables.assuming(gpu["name"], gpu["stack"]) if what_if else contextlib.nullcontext()
+    assumed = (tables.assuming(gpu["name"], gpu["stack"]) if gpu_what_if
+               else contextlib.nullcontext())
     with _collected_warnings() as warnings, assumed:
         report["tables"] = _tables(gpu, architecture)
         report["engines"] = {engine: _engine(engine, sources.get(engine), architecture,
                                              gpu["name"])
                              for engine in ENGINES}
+        if not engines and not any(e["source"] for e in report["engines"].values()):
+            engines = [(engine, m["version"]) for engine in ENGINES
+                       for m in _manifests(engine)]
+        report["assumed_engines"] = [_engine(engine, None, architecture, gpu["name"], version)
+                                     for engine, version in engines or []]
     report["numerics"] = _numerics(report, gpu, what_if, numerics)
     report["warnings"] = list(dict.fromkeys(warnings))
     report["problems"] = _problems(report)
@@ -207,15 +257,20 @@ def _tables(gpu: dict, architecture: tuple[int, int] | None) -> dict[str, Any]:
 
 
 def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | None,
-            device_name: str | None) -> dict[str, Any]:
-    """One engine: where its source is, each hook's manifest verdict, switch, gate and ranges."""
+            device_name: str | None, assumed: str | None = None) -> dict[str, Any]:
+    """One engine: where its source is, each hook's manifest verdict, switch, gate and ranges;
+    with ``assumed`` (a tested version), that version's as its packaged manifest records it."""
     name, module = ENGINES[engine]
     plugin = importlib.import_module(module)
     version, root = _installed(engine, plugin)
     if source is not None:
         version, root = None, Path(source)
     tested = plugin.manifests()
-    verdicts = manifest.verdicts(plugin.ENGINE_SPEC, root, tested) if root is not None else {}
+    if assumed is not None:
+        version, root = assumed, None
+        verdicts = _manifest_verdicts(plugin, assumed, tested)
+    else:
+        verdicts = manifest.verdicts(plugin.ENGINE_SPEC, root, tested) if root is not None else {}
     coverage = {}
     if root is not None:
         for model_module in plugin.ENGINE_SPEC.model_modules:
@@ -232,7 +287,8 @@ def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | No
             "verdict": None if verdict is None else {
                 "ok": verdict.ok, "matches": verdict.matches, "absent": verdict.absent,
                 "reason": verdict.reason},
-            "installs": root is not None and plugin.switched_on(hook) and plugin.installs(verdict),
+            "installs": ((root is not None or assumed is not None) and plugin.switched_on(hook)
+                         and plugin.installs(verdict)),
             **_gate_report(engine, gate, architecture, device_name)}
     for entry in hooks.values():  # a hook that hands over another's launch acts where it does
         if entry["follows"] is not None:
@@ -240,10 +296,21 @@ def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | No
             entry["serves"] = bool(followed.get("serves"))
     for entry in hooks.values():
         entry["acts"] = bool(entry["installs"] and entry["serves"])
-    return {"name": name, "installed": version, "source": None if root is None else str(root),
+    return {"name": name, "installed": None if assumed else version,
+            "assumed": assumed, "source": None if root is None else str(root),
             "source_given": source is not None,
             "tested": [m["version"] for m in tested], "coverage_changed": coverage,
             "hooks": hooks}
+
+
+def _manifest_verdicts(plugin: Any, version: str,
+                       tested: list[dict]) -> dict[str, manifest.Verdict]:
+    """Each hook's verdict for the tested ``version`` as its manifest records it: matching that
+    version where the manifest fingerprints the hook, not defined where it holds none."""
+    recorded = next(m for m in tested if m["version"] == version)["hooks"]
+    return {hook: manifest.Verdict(hook, [version]) if recorded.get(hook) else manifest.Verdict(
+        hook, [], absent=True, reason=f"{plugin.ENGINE_SPEC.engine} {version} does not define it")
+        for hook in plugin.ENGINE_SPEC.hooks}
 
 
 def _installed(engine: str, plugin: Any) -> tuple[str | None, Path | None]:
@@ -430,7 +497,7 @@ def _problems(report: dict) -> list[str]:
     if gpu["steps_aside"] is not None:
         problems.append(gpu["steps_aside"])
     found = {k: e for k, e in report["engines"].items() if e["source"] is not None}
-    if not found:
+    if not found and not report["what_if"]:
         problems.append("neither SGLang nor vLLM found: no plugin would load")
     if gpu["architecture"] is not None and not report["tables"]["serving"]:
         problems.append(f"no table serves {_gpu_label(gpu)} under Triton {gpu['stack']}: every "
@@ -445,9 +512,9 @@ def _problems(report: dict) -> list[str]:
                                 f"{engine['name']} ({', '.join(engine['tested']) or 'none'}): "
                                 f"{verdict['reason']}" + (" (installed anyway)" if entry[
                                     "installs"] else ""))
-    if (gpu["architecture"] is not None and found
-            and not any(e["acts"] for engine in found.values()
-                        for e in engine["hooks"].values())):
+    answered = [*found.values(), *report["assumed_engines"]]
+    if (gpu["architecture"] is not None and answered
+            and not any(e["acts"] for engine in answered for e in engine["hooks"].values())):
         problems.append("no hook would act on this GPU")
     numerics = report["numerics"]
     for check in numerics["checks"]:
@@ -481,9 +548,11 @@ def render(report: dict) -> str:
     for engine in report["engines"].values():
         lines += _wrapped(engine["name"], _engine_line(engine))
     if gpu["architecture"] is not None:
-        for engine in report["engines"].values():
-            if engine["source"] is not None:
-                lines += _hooks_lines(engine, gpu, report["tables"]["serving"])
+        shown = [e for e in report["engines"].values() if e["source"] is not None]
+        for engine in shown + report["assumed_engines"]:
+            lines += _hooks_lines(engine, gpu, report["tables"]["serving"])
+        if shown or report["assumed_engines"]:
+            lines += _wrapped("legend", LEGEND)
     lines += _numerics_lines(report["numerics"])
     for message in report["warnings"]:
         lines += _wrapped("warning", message)
@@ -544,7 +613,9 @@ def _tables_lines(report: dict) -> list[str]:
 
 def _engine_line(engine: dict) -> str:
     if engine["source"] is None:
-        return f"not installed (--{engine['name'].lower()}-source DIR checks a source tree)"
+        return (f"not installed (--{engine['name'].lower()}-source DIR checks a source tree; "
+                f"--engine {engine['name'].lower()}=={max(engine['tested'], key=_version_key)} answers for a tested "
+                "version)" if engine["tested"] else "not installed")
     where = (f"source {engine['source']}" if engine["source_given"]
              else f"{engine['installed'] or 'version unknown'} at {engine['source']}")
     verdicts = [e["verdict"] for e in engine["hooks"].values() if e["verdict"] is not None]
@@ -570,7 +641,9 @@ def _hooks_lines(engine: dict, gpu: dict, serving_files: list[str]) -> list[str]
     serving (the tables line names that)."""
     acting = sum(e["acts"] for e in engine["hooks"].values())
     serving = next(iter(serving_files), None)
-    lines = [f"{engine['name']} hooks on {_gpu_label(gpu)} under Triton {gpu['stack']}: "
+    what = engine["name"] + (f" {engine['assumed']} (its packaged manifest)" if engine["assumed"]
+                             else "")
+    lines = [f"{what} hooks on {_gpu_label(gpu)} under Triton {gpu['stack']}: "
              f"{acting} of {len(engine['hooks'])} act"]
     width = max(len(name) for name in engine["hooks"]) + 2
     for name, entry in engine["hooks"].items():
