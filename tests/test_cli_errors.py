@@ -15,6 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -436,3 +437,55 @@ def test_memory_estimate_covers_the_state_the_engine_allocates():
         allocated = sum(t.numel() * t.element_size() for t in tensors.values())
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         assert needed_bytes(cfg, dtype, 3, 500, 4) >= allocated + params
+
+
+def test_ctrl_c_while_a_command_imports_its_modules_prints_the_same_line(monkeypatch, capsys):
+    from dsv4spec import cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    monkeypatch.delenv("DSV4SPEC_DEBUG", raising=False)
+    for argv, prog in ((["doctor"], "dsv4spec doctor"), (GEN, "dsv4spec generate"),
+                       (["--debug", "train-tiny", "--steps", "1"], "dsv4spec train-tiny"),
+                       (["bench", "cleanup", "--quick"], "dsv4spec bench cleanup")):
+        try:
+            status = main(argv)
+        except KeyboardInterrupt:  # not left to pytest, which would stop the whole run
+            pytest.fail(f"{argv}: KeyboardInterrupt escaped main")
+        err = capsys.readouterr().err
+        assert status == 130 and err.strip().splitlines()[-1] == f"{prog}: interrupted", err
+        assert ("Traceback" in err) == ("--debug" in argv), err
+
+
+def test_ctrl_c_as_the_command_starts_exits_130_without_a_traceback(tmp_path):
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        # -X importtime: a line per module imported, so the signal lands once dsv4spec.cli is
+        # imported and main() imports the command's modules (torch: a second or more)
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "dsv4spec", "doctor"],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path,
+                                preexec_fn=_default_sigint)
+        deadline = time.monotonic() + 60
+        while "| dsv4spec.cli\n" not in err_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, err_path.read_text()[-2000:]
+    text = err_path.read_text()
+    assert "| torch\n" not in text, "torch was imported before the signal arrived"
+    assert text.endswith("\ndsv4spec doctor: interrupted\n"), text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
+
+
+def test_a_missing_triton_is_one_line_that_says_how_to_install_it(monkeypatch, capsys):
+    from dsv4spec import cli
+
+    def no_triton(name):
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_triton)
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err == ("dsv4spec demo: error: Triton is not installed (a "
+                                       "CPU-only torch requires none): python -m pip install "
+                                       "triton\n")
