@@ -489,3 +489,61 @@ def test_a_missing_triton_is_one_line_that_says_how_to_install_it(monkeypatch, c
     assert capsys.readouterr().err == ("dsv4spec demo: error: Triton is not installed (a "
                                        "CPU-only torch requires none): python -m pip install "
                                        "triton\n")
+
+
+def test_train_tiny_refuses_a_step_the_memory_cannot_hold_before_training(monkeypatch, capsys,
+                                                                          tmp_path):
+    import dsv4spec.engine.run as run
+    import dsv4spec.engine.train as train
+    from dsv4spec.engine.train_tiny import step_bytes
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained past the memory check")
+
+    monkeypatch.setattr(train, "train", never)
+    out = tmp_path / "out" / "tiny.safetensors"
+    argv = ["train-tiny", "--steps", "1", "--out", str(out)]
+    assert main([*argv, "--batch-size", "100000000"]) == 2  # this machine's own budget
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("argument --batch-size: 100000000 sequences of 96 bytes "
+                                     "per step do not fit: about ") in err, err
+    budget = 2 * 2**30
+    monkeypatch.setattr(run, "available_bytes", lambda device: (budget, "available"))
+    assert main([*argv, "--batch-size", "100000"]) == 2
+    err = capsys.readouterr().err
+    fits = int(err.rsplit("try --batch-size ", 1)[1].split()[0])
+    assert step_bytes(fits, 96) <= budget < step_bytes(fits + 1, 96), err
+    assert f"cpu has 2.0 GiB available; try --batch-size {fits}" in err, err
+    monkeypatch.setattr(run, "available_bytes", lambda device: (400 * 2**20, "available"))
+    assert main([*argv, "--batch-size", "1", "--seq-len", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --seq-len: 4096 bytes per sequence do not fit even one to a step" in err, err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_train_tiny_memory_estimate_covers_a_measured_step():
+    from dsv4spec.engine.train_tiny import step_bytes
+
+    code = ("import resource, torch\n"
+            "from dsv4spec.engine.train import train\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "train(1, 8, 512, 3e-3, progress=False)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    used = int(res.stdout)
+    assert used <= step_bytes(8, 512) <= 2 * used, (used, step_bytes(8, 512))
+
+
+def test_train_tiny_without_matplotlib_says_the_plot_was_skipped(monkeypatch, capsys, tmp_path):
+    import dsv4spec.engine.train_tiny as train_tiny
+
+    monkeypatch.setattr(train_tiny, "pyplot", lambda: None)
+    out = tmp_path / "tiny.safetensors"
+    assert main(["train-tiny", "--steps", "1", "--batch-size", "1", "--seq-len", "8",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (f"dsv4spec train-tiny: no loss plot ({tmp_path / 'tiny.png'}): matplotlib is not "
+            f"installed (python -m pip install matplotlib)\n") in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.safetensors"]
