@@ -28,7 +28,8 @@ NEEDED_BYTES = 4 * 2**20  # the tiny checkpoint (1.3 MB) and its plot (40 kB), w
 # One training step's peak memory on the CPU past the process's own (ru_maxrss), measured at batch
 # x seq-len 16x96, 256x96, 4x1024 and 2x4096 and fitted within 3 %: per token, the activations
 # autograd keeps (every layer and the MTP block); per token and key attended to (the window and
-# the compressed entries), the attention scores kept; the corpus, the model and AdamW's state.
+# the compressed entries), the attention scores kept; the corpus, the model and AdamW's state
+# (tests/test_cli_errors.py measures a step against it).
 STEP_BYTES_PER_TOKEN = 95_700
 STEP_BYTES_PER_SCORE = 262
 STEP_BASE_BYTES = 143 * 2**20
