@@ -209,14 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return _run(argv)
-    except KeyboardInterrupt:  # before the command ran: its modules import torch (a second or so)
-        _traceback("--debug" in argv or env_switch(DEBUG_ENV, False))
-        print(f"{_prog_of(argv)}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except ModuleNotFoundError as e:
-        if e.name != "triton":
+    # before the command ran: importing its modules (torch: a second or so)
+    except (KeyboardInterrupt, ModuleNotFoundError) as e:
+        if isinstance(e, ModuleNotFoundError) and e.name != "triton":
             raise
         _traceback("--debug" in argv or env_switch(DEBUG_ENV, False))
+        if isinstance(e, KeyboardInterrupt):
+            print(f"{_prog_of(argv)}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         print(f"{_prog_of(argv)}: error: Triton is not installed (a CPU-only torch requires "
               f"none): python -m pip install triton", file=sys.stderr)
         return EXIT_FAILED
