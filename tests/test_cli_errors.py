@@ -15,6 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -436,3 +437,115 @@ def test_memory_estimate_covers_the_state_the_engine_allocates():
         allocated = sum(t.numel() * t.element_size() for t in tensors.values())
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         assert needed_bytes(cfg, dtype, 3, 500, 4) >= allocated + params
+
+
+def test_ctrl_c_while_a_command_imports_its_modules_prints_the_same_line(monkeypatch, capsys):
+    from dsv4spec import cli
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    monkeypatch.delenv("DSV4SPEC_DEBUG", raising=False)
+    for argv, prog in ((["doctor"], "dsv4spec doctor"), (GEN, "dsv4spec generate"),
+                       (["--debug", "train-tiny", "--steps", "1"], "dsv4spec train-tiny"),
+                       (["bench", "cleanup", "--quick"], "dsv4spec bench cleanup")):
+        try:
+            status = main(argv)
+        except KeyboardInterrupt:  # not left to pytest, which would stop the whole run
+            pytest.fail(f"{argv}: KeyboardInterrupt escaped main")
+        err = capsys.readouterr().err
+        assert status == 130 and err.strip().splitlines()[-1] == f"{prog}: interrupted", err
+        assert ("Traceback" in err) == ("--debug" in argv), err
+
+
+def test_ctrl_c_as_the_command_starts_exits_130_without_a_traceback(tmp_path):
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        # -X importtime: a line per module imported, so the signal lands once dsv4spec.cli is
+        # imported and main() imports the command's modules (torch: a second or more)
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "dsv4spec", "doctor"],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path,
+                                preexec_fn=_default_sigint)
+        deadline = time.monotonic() + 60
+        while "| dsv4spec.cli\n" not in err_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, err_path.read_text()[-2000:]
+    text = err_path.read_text()
+    assert "| torch\n" not in text, "torch was imported before the signal arrived"
+    assert text.endswith("\ndsv4spec doctor: interrupted\n"), text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
+
+
+def test_a_missing_triton_is_one_line_that_says_how_to_install_it(monkeypatch, capsys):
+    from dsv4spec import cli
+
+    def no_triton(name):
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_triton)
+    assert main(["demo"]) == 1
+    assert capsys.readouterr().err == ("dsv4spec demo: error: Triton is not installed (a "
+                                       "CPU-only torch requires none): python -m pip install "
+                                       "triton\n")
+
+
+def test_train_tiny_refuses_a_step_the_memory_cannot_hold_before_training(monkeypatch, capsys,
+                                                                          tmp_path):
+    import dsv4spec.engine.run as run
+    import dsv4spec.engine.train as train
+    from dsv4spec.engine.train_tiny import step_bytes
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained past the memory check")
+
+    monkeypatch.setattr(train, "train", never)
+    out = tmp_path / "out" / "tiny.safetensors"
+    argv = ["train-tiny", "--steps", "1", "--out", str(out)]
+    assert main([*argv, "--batch-size", "100000000"]) == 2  # this machine's own budget
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("argument --batch-size: 100000000 sequences of 96 bytes "
+                                     "per step do not fit: about ") in err, err
+    budget = 2 * 2**30
+    monkeypatch.setattr(run, "available_bytes", lambda device: (budget, "available"))
+    assert main([*argv, "--batch-size", "100000"]) == 2
+    err = capsys.readouterr().err
+    fits = int(err.rsplit("try --batch-size ", 1)[1].split()[0])
+    assert step_bytes(fits, 96) <= budget < step_bytes(fits + 1, 96), err
+    assert f"cpu has 2.0 GiB available; try --batch-size {fits}" in err, err
+    monkeypatch.setattr(run, "available_bytes", lambda device: (400 * 2**20, "available"))
+    assert main([*argv, "--batch-size", "1", "--seq-len", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --seq-len: 4096 bytes per sequence do not fit even one to a step" in err, err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_train_tiny_memory_estimate_covers_a_measured_step():
+    from dsv4spec.engine.train_tiny import step_bytes
+
+    code = ("import resource, torch\n"
+            "from dsv4spec.engine.train import train\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "train(1, 8, 512, 3e-3, progress=False)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    used = int(res.stdout)
+    # under memory pressure the kernel may drop torch's library pages, which lowers the peak
+    # seen past the process's own: the estimate's excess is bounded loosely
+    assert used <= step_bytes(8, 512) <= 3 * used, (used, step_bytes(8, 512))
+
+
+def test_train_tiny_without_matplotlib_says_the_plot_was_skipped(monkeypatch, capsys, tmp_path):
+    import dsv4spec.engine.train_tiny as train_tiny
+
+    monkeypatch.setattr(train_tiny, "pyplot", lambda: None)
+    out = tmp_path / "tiny.safetensors"
+    assert main(["train-tiny", "--steps", "1", "--batch-size", "1", "--seq-len", "8",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (f"dsv4spec train-tiny: no loss plot ({tmp_path / 'tiny.png'}): matplotlib is not "
+            f"installed (python -m pip install matplotlib)\n") in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.safetensors"]

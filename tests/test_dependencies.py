@@ -21,6 +21,9 @@ MODULE = {"safetensors": "safetensors", "torch": "torch", "triton": "triton", "n
 IMPORTED_BY_DEPENDENCIES = {"numpy": "Triton's interpreter and safetensors' save_file"}
 # Imported inside a try, with a stand-in where absent, so never a dependency.
 OPTIONAL_IMPORTS = {"msgspec": "SGLang's own; bench/metadata.py stands in for it"}
+# Imported but never declared: torch's wheel requires the build made for it, which on ROCm, XPU
+# and nightly torch is a distribution of another name holding the same module (pyproject.toml).
+BROUGHT_BY_TORCH = {"triton": "pytorch-triton-rocm, pytorch-triton-xpu, pytorch-triton or triton"}
 
 
 def imported_top_level() -> set[str]:
@@ -43,12 +46,14 @@ def test_runtime_and_bench_dependencies_are_all_imported():
     unused = [n for n in names
               if MODULE.get(n, n) not in imported and n not in IMPORTED_BY_DEPENDENCIES]
     assert not unused, f"declared but never imported: {unused}"
-    ours = {"dsv4spec", "sglang", "vllm", *OPTIONAL_IMPORTS}  # engines: their own environment
+    # engines: their own environment; Triton: torch's
+    ours = {"dsv4spec", "sglang", "vllm", *OPTIONAL_IMPORTS, *BROUGHT_BY_TORCH}
     third_party = imported - set(sys.stdlib_module_names) - ours
     undeclared = sorted(m for m in third_party if m not in {MODULE.get(n, n) for n in names})
     assert not undeclared, f"imported but not declared as a dependency or the bench extra: " \
         f"{undeclared}"
     assert set(IMPORTED_BY_DEPENDENCIES) <= set(names)
+    assert not set(BROUGHT_BY_TORCH) & set(names), "torch brings its own Triton build"
     assert project["optional-dependencies"]["sglang"] == []  # the engine is never installed
 
 

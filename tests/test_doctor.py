@@ -2,6 +2,7 @@
 the plugins' own decision functions' answers), its exit status, its JSON keys, an engine source
 that matches no tested version, and (on an H200) the whole report validated."""
 
+import argparse
 import json
 import types
 from pathlib import Path
@@ -321,6 +322,21 @@ def test_bad_arguments_exit_2_naming_the_argument(no_gpu, argv, argument, capsys
         rc = e.code
     err = capsys.readouterr().err
     assert rc == EXIT_USAGE and f"argument {argument}" in err and "\n" not in err.strip(), err
+
+
+def test_a_capability_no_nvidia_gpu_has_is_refused_naming_capability(no_gpu, capsys):
+    for value in ("99.9", "9.10", "2.0", "13.0", "0.0"):
+        try:
+            rc = main(["doctor", "--device-name", "NVIDIA H200", "--capability", value])
+        except SystemExit as e:  # argparse's own errors
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == EXIT_USAGE and err.count("\n") == 1, (value, err)
+        assert f"argument --capability: {value} is no NVIDIA GPU's compute capability" in err
+    parser = argparse.ArgumentParser()
+    doctor.add_arguments(parser)
+    for value, parsed in (("3.0", (3, 0)), ("8.9", (8, 9)), ("10.3", (10, 3)), ("12.1", (12, 1))):
+        assert parser.parse_args(["--capability", value]).capability == parsed
 
 
 @pytest.mark.gpu

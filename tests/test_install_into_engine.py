@@ -1,7 +1,7 @@
 """Installing dsv4spec into a serving engine's environment moves nothing there: pyproject
-declares no upper bound and no engine, and pip, asked to install the wheel (extras included)
-into environments that hold an engine, its torch and its Triton (validated releases or not),
-would install dsv4spec and nothing else.
+declares no upper bound, no engine and no Triton of its own, and pip, asked to install the wheel
+(extras included) into environments that hold an engine, its torch and its Triton (validated
+releases or not, under the name torch's build gives it), would install dsv4spec and nothing else.
 
 Offline: the wheel is built from a copy of the source tree with this environment's setuptools,
 and pip resolves with ``--no-index`` against environments whose installed distributions are
@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,8 @@ def environment(folder: Path, installed: dict[str, tuple[str, list[str]]]) -> Pa
                                 "print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     for name, (version, requires) in installed.items():
-        info = site / f"{name}-{version}.dist-info"
+        # the name's hyphens as underscores: the folder's one hyphen is before the version
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(
             "Metadata-Version: 2.1\n" f"Name: {name}\n" f"Version: {version}\n"
@@ -91,11 +93,14 @@ def environment(folder: Path, installed: dict[str, tuple[str, list[str]]]) -> Pa
     return python
 
 
+# What every engine's environment holds besides torch and Triton.
+OTHERS = {"numpy": ("2.2.0", []), "safetensors": ("0.6.2", []), "tqdm": ("4.67.1", [])}
+
+
 def engine_environment(torch: str, triton: str, engine: tuple[str, str] | None):
     """What an engine's environment holds that the plugin's requirements name: torch pinning
     its Triton as torch's wheels do, and the engine pinning its torch."""
-    held = {"torch": (torch, [f"triton=={triton}"]), "triton": (triton, []),
-            "numpy": ("2.2.0", []), "safetensors": ("0.6.2", []), "tqdm": ("4.67.1", [])}
+    held = {"torch": (torch, [f"triton=={triton}"]), "triton": (triton, []), **OTHERS}
     if engine is not None:
         held[engine[0]] = (engine[1], [f"torch=={torch}", "numpy", "tqdm", "safetensors"])
     return held
@@ -112,6 +117,25 @@ CASES = {
 }
 
 
+def would_install(python: Path, requirement: str, tmp_path: Path) -> list[tuple[str, str]]:
+    """(name, version) of what pip, offline, would install into ``python``'s environment for
+    ``requirement``; fails the test where pip needs more than the environment holds (offline, a
+    refusal means a requirement the environment does not meet: online, pip would download and
+    install, or upgrade, it)."""
+    report = tmp_path / "report.json"
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                          "--dry-run", "--no-index", "--report", str(report), "-q", requirement],
+                         capture_output=True, text=True, timeout=300, env=PIP_ENV)
+    assert res.returncode == 0, (f"pip would need more than the environment holds\n"
+                                 f"{res.stdout[-2000:]}{res.stderr[-3000:]}")
+    return [(i["metadata"]["name"], i["metadata"]["version"])
+            for i in json.loads(report.read_text())["install"]]
+
+
+def version_of(wheel: Path) -> str:
+    return re.search(r"dsv4spec-([^-]+)-", wheel.name)[1]
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_pip_would_install_dsv4spec_alone_into_an_engines_environment(case, wheel, tmp_path):
     import importlib.metadata
@@ -121,16 +145,34 @@ def test_pip_would_install_dsv4spec_alone_into_an_engines_environment(case, whee
     triton = triton or importlib.metadata.version("triton")
     python = environment(tmp_path / "venv", engine_environment(torch, triton, engine))
     extras = "[sglang,vllm]" if engine is not None else ""
-    report = tmp_path / "report.json"
-    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                          "--dry-run", "--no-index", "--report", str(report), "-q",
-                          f"dsv4spec{extras} @ {wheel.as_uri()}"],
-                         capture_output=True, text=True, timeout=300, env=PIP_ENV)
-    # offline, a refusal means a requirement the environment does not meet: online, pip would
-    # download and install (or upgrade) it
-    assert res.returncode == 0, (f"{case}: pip would need more than the environment holds\n"
-                                 f"{res.stdout[-2000:]}{res.stderr[-3000:]}")
-    installs = [(i["metadata"]["name"], i["metadata"]["version"])
-                for i in json.loads(report.read_text())["install"]]
-    assert installs == [("dsv4spec", re.search(r"dsv4spec-([^-]+)-", wheel.name)[1])], (
-        f"{case}: pip would install {installs}")
+    installs = would_install(python, f"dsv4spec{extras} @ {wheel.as_uri()}", tmp_path)
+    assert installs == [("dsv4spec", version_of(wheel))], f"{case}: pip would install {installs}"
+
+
+# torch builds whose Triton is a distribution of another name holding the same `triton` package,
+# required as their wheels require it: (torch, its Triton's distribution, version)
+RENAMED_TRITON = {
+    "ROCm torch": ("2.9.1+rocm6.4", "pytorch-triton-rocm", "3.5.1"),
+    "XPU torch": ("2.9.1+xpu", "pytorch-triton-xpu", "3.5.0"),
+    "nightly CUDA torch": ("2.11.0.dev20260105+cu128", "pytorch-triton", "3.6.0+git5261b273"),
+}
+
+
+@pytest.mark.parametrize("case", list(RENAMED_TRITON))
+def test_pip_would_not_install_triton_over_torchs_triton_of_another_name(case, wheel, tmp_path):
+    torch, distribution, version = RENAMED_TRITON[case]
+    python = environment(tmp_path / "venv", {
+        "torch": (torch, [f'{distribution}=={version}; platform_system == "Linux"']),
+        distribution: (version, []), **OTHERS})
+    installs = would_install(python, f"dsv4spec[sglang,vllm] @ {wheel.as_uri()}", tmp_path)
+    assert installs == [("dsv4spec", version_of(wheel))], f"{case}: pip would install {installs}"
+
+
+def test_the_wheel_requires_torch_and_no_triton_of_its_own(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = z.read(name).decode()
+    requires = [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:")]
+    assert "torch" in {r.name for r in requires}
+    assert not [str(r) for r in requires if "triton" in r.name.lower()]

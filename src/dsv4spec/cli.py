@@ -207,6 +207,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    # before the command ran: importing its modules (torch: a second or so)
+    except (KeyboardInterrupt, ModuleNotFoundError) as e:
+        if isinstance(e, ModuleNotFoundError) and e.name != "triton":
+            raise
+        _traceback("--debug" in argv or env_switch(DEBUG_ENV, False))
+        if isinstance(e, KeyboardInterrupt):
+            print(f"{_prog_of(argv)}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        print(f"{_prog_of(argv)}: error: Triton is not installed (a CPU-only torch requires "
+              f"none): python -m pip install triton", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _prog_of(argv: list[str]) -> str:
+    """``dsv4spec`` and the command (and benchmark) ``argv`` names, before it is parsed: the
+    top-level options take no value, so the first word is the command."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or words[0] not in (*COMMANDS, "bench"):
+        return "dsv4spec"
+    if words[0] == "bench":
+        return "dsv4spec bench" + (f" {words[1]}" if words[1:] and words[1] in BENCHMARKS else "")
+    return f"dsv4spec {words[0]}"
+
+
+def _run(argv: list[str]) -> int:
     args = parse_args(argv)
     prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
     debug = args.debug or env_switch(DEBUG_ENV, False)

@@ -63,11 +63,23 @@ LEGEND = ("T: tokens per call (the target's verify: bs x (drafts + 1), so bs x 4
           "width: page-table width in pages; bs: requests; qo_len: query length per request")
 
 
+# What NVIDIA GPUs report: Kepler's 3.0 to Blackwell's 12.x, minors single digits (sm_XY names
+# the architecture by two digits). A major past 12 needs a GPU released after this list.
+CAPABILITY_MAJORS = range(3, 13)
+CAPABILITY_MINORS = range(10)
+
+
 def _capability(text: str) -> tuple[int, int]:
     parts = text.split(".")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         raise argparse.ArgumentTypeError(f"expected MAJOR.MINOR (9.0 for sm_90), got {text!r}")
-    return int(parts[0]), int(parts[1])
+    major, minor = int(parts[0]), int(parts[1])
+    if major not in CAPABILITY_MAJORS or minor not in CAPABILITY_MINORS:
+        raise argparse.ArgumentTypeError(
+            f"{text} is no NVIDIA GPU's compute capability (major {CAPABILITY_MAJORS[0]}-"
+            f"{CAPABILITY_MAJORS[-1]}, minor {CAPABILITY_MINORS[0]}-{CAPABILITY_MINORS[-1]}: 9.0 "
+            f"for sm_90)")
+    return major, minor
 
 
 def _stack(text: str) -> str:

@@ -551,18 +551,21 @@ def test_report_shows_what_each_hook_serves_and_every_point(capsys):
     ('{"format": 1}', "{path} is not a tables file: missing fields"),
     (b"\xff\xfe binary", "{path} is not a tables file: 'utf-8' codec can't decode"),
 ])
-def test_a_report_of_anything_but_a_tables_file_is_a_bad_argument(tmp_path, capsys, content,
-                                                                   says):
+def test_a_report_or_compare_of_anything_but_a_tables_file_is_a_bad_argument(tmp_path, capsys,
+                                                                              content, says):
     path = tmp_path / "table.json"
     if isinstance(content, str):
         path.write_text(content)
     elif content is not None:
         path.write_bytes(content)
-    assert cli.main(["tune", "--report", str(path)]) == cli.EXIT_USAGE
-    out = capsys.readouterr()
-    assert out.out == "" and out.err.count("\n") == 1, out
-    assert out.err.startswith(f"dsv4spec tune: error: argument --report: "
-                              f"{says.format(path=path)}"), out.err
+    good = str(tables.PACKAGED_DIR / "sm_90.json")
+    for argv in (["--report", str(path)], ["--compare", str(path), good],
+                 ["--compare", good, str(path)]):
+        assert cli.main(["tune", *argv]) == cli.EXIT_USAGE, argv
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1, out
+        assert out.err.startswith(f"dsv4spec tune: error: argument {argv[0]}: "
+                                  f"{says.format(path=path)}"), out.err
 
 
 def test_vllm_hooks_are_tuned_beside_vllms_kernels_into_the_same_file(fake_gpu, monkeypatch):

@@ -411,6 +411,26 @@ def test_user_dir_and_file_names(monkeypatch, tmp_path):
     assert tables.candidates(H200, SM90)[0].parent == tmp_path / "t"
 
 
+def test_a_tables_dir_that_is_not_a_directory_is_named_in_one_warning(monkeypatch, caplog,
+                                                                      tmp_path):
+    monkeypatch.setattr(tables, "_told_not_a_directory", set())
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/sh\n")
+    monkeypatch.setenv(tables.TABLES_DIR_ENV, str(passwd))
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for _ in range(3):
+            assert tables.user_dir() == passwd
+            tables.candidates(H200, (9, 0))
+        monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path))  # a directory, or none yet
+        assert tables.user_dir() == tmp_path
+        monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path / "not yet"))
+        assert tables.user_dir() == tmp_path / "not yet"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"dsv4spec: the tables directory {tables.TABLES_DIR_ENV}={passwd} is not "
+                        f"a directory: no user tables are read from it (the packaged ones are) "
+                        f"and `dsv4spec tune` cannot write there"], warnings
+
+
 def test_the_format_holds_another_engine():
     data = packaged()
     data["engines"]["vllm"] = {"mhc_pre": data["engines"]["sglang"]["mhc_pre"]}

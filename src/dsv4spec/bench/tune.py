@@ -773,6 +773,16 @@ def report(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _read_argument(argument: str, path: Path, read):
+    """``read(path)``, or :class:`UsageError` naming ``argument`` and the file."""
+    try:
+        return read(path)
+    except OSError as e:
+        raise UsageError(argument, f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:  # not UTF-8, not JSON, or not a tables file (validate's message)
+        raise UsageError(argument, f"{path} is not a tables file: {e}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     grids = ENGINE_GRIDS[args.engine]
     hooks = list(dict.fromkeys(args.hooks if args.hooks is not None else grids))
@@ -782,18 +792,14 @@ def main(args: argparse.Namespace) -> int:
               f"{', '.join(grids)}); nothing was written", file=sys.stderr)
         return EXIT_USAGE
     if args.compare:
-        a, b = (tables.read_file(p) for p in args.compare)
+        a, b = (_read_argument("--compare", p, tables.read_file) for p in args.compare)
         lines, shared, real = compare(a, b)
         print("\n".join(lines) + ("\n" if lines else "") + f"{shared} points in both files, "
               f"{len(lines)} with another winner, {real} of them beyond a {TIE:.0%} near-tie")
         return 0
     if args.report:
-        try:
-            text = report(json.loads(args.report.read_text(encoding="utf-8")))
-        except OSError as e:
-            raise UsageError("--report", f"cannot read {args.report}: {e.strerror or e}") from None
-        except ValueError as e:  # not UTF-8, not JSON, or not a tables file (validate's message)
-            raise UsageError("--report", f"{args.report} is not a tables file: {e}") from None
+        text = _read_argument("--report", args.report,
+                              lambda p: report(json.loads(p.read_text(encoding="utf-8"))))
         print(text, end="")
         return 0
     if args.derive:

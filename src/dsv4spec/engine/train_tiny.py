@@ -25,6 +25,14 @@ from dsv4spec.usage import UsageError, int_in, positive_float
 DEFAULT_OUT = "dsv4spec-tiny.safetensors"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 NEEDED_BYTES = 4 * 2**20  # the tiny checkpoint (1.3 MB) and its plot (40 kB), with room to spare
+# One training step's peak memory on the CPU past the process's own (ru_maxrss), measured at batch
+# x seq-len 16x96, 256x96, 4x1024 and 2x4096 and fitted within 3 %: per token, the activations
+# autograd keeps (every layer and the MTP block); per token and key attended to (the window and
+# the compressed entries), the attention scores kept; the corpus, the model and AdamW's state
+# (tests/test_cli_errors.py measures a step against it).
+STEP_BYTES_PER_TOKEN = 95_700
+STEP_BYTES_PER_SCORE = 262
+STEP_BASE_BYTES = 143 * 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +85,46 @@ def check_out(out: Path, force: bool) -> None:
                          f"its plot need about {NEEDED_BYTES / 1e6:.0f} MB")
 
 
+def step_bytes(batch_size: int, seq_len: int) -> int:
+    """The memory one training step of the tiny preset takes, with ``generate``'s ``HEADROOM``."""
+    base, per_sequence = _step_parts(seq_len)
+    return int(base + batch_size * per_sequence)
+
+
+def _step_parts(seq_len: int) -> tuple[float, float]:
+    """:func:`step_bytes` as its part for any batch and its part per sequence."""
+    from dsv4spec.engine.run import HEADROOM
+    from dsv4spec.model.config import preset
+
+    cfg = preset("tiny")
+    keys = cfg.sliding_window + seq_len // min(r for r in cfg.compress_ratios if r) + 1
+    per_token = STEP_BYTES_PER_TOKEN + keys * STEP_BYTES_PER_SCORE
+    return STEP_BASE_BYTES * HEADROOM, seq_len * per_token * HEADROOM
+
+
+def check_memory(batch_size: int, seq_len: int) -> None:
+    """Refuse (:class:`UsageError`) a step the CPU's memory cannot hold, as ``generate`` does
+    (:func:`dsv4spec.engine.run.available_bytes`), naming the largest batch that fits, or
+    ``--seq-len`` when not one sequence does."""
+    import torch
+
+    from dsv4spec.engine import run
+
+    budget = run.available_bytes(torch.device("cpu"))
+    need = step_bytes(batch_size, seq_len)
+    if budget is None or need <= budget[0]:
+        return
+    free, where = budget
+    base, per_sequence = _step_parts(seq_len)
+    fits = max(0, int((free - base) // per_sequence))
+    head = f"about {run._bytes(need)} needed, cpu has {run._bytes(free)} {where}"
+    if fits:
+        raise UsageError("--batch-size", f"{batch_size} sequences of {seq_len} bytes per step do "
+                         f"not fit: {head}; try --batch-size {fits}")
+    raise UsageError("--seq-len", f"{seq_len} bytes per sequence do not fit even one to a step: "
+                     f"{head}; try a shorter --seq-len")
+
+
 def write_replacing(path: Path, write, exclusive: bool) -> Path:
     """``write(tmp)`` into a temporary file beside ``path``, given the mode the umask gives a new
     file, then renamed to ``path`` (a reader never sees half a file). ``exclusive``: a ``path``
@@ -123,6 +171,7 @@ def plot_losses(history: list[tuple[float, float]], path: Path) -> bool:
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_out(out, args.force)  # before torch is imported: a refusal takes no time
+    check_memory(args.batch_size, args.seq_len)
     import torch
 
     from dsv4spec.engine.train import train
@@ -157,4 +206,7 @@ def main(args: argparse.Namespace) -> int:
         written = write_replacing(png, lambda tmp: plot_losses(history, tmp),
                                   exclusive=not args.force)
         print(f"wrote {written}")
+    else:
+        print(f"dsv4spec train-tiny: no loss plot ({png}): matplotlib is not installed "
+              f"(python -m pip install matplotlib)", file=sys.stderr)
     return EXIT_INTERRUPTED if done < args.steps else 0

@@ -108,14 +108,25 @@ _HOOK_FIELDS = {"key", "between_keys", "count", "max_count", "graph", "eager", "
                 "source", "note", "engine_versions", "measured_against", "unmeasured"}
 
 
+_told_not_a_directory: set[Path] = set()  # the user dirs a WARNING named as not directories
+
+
 def user_dir() -> Path:
     """Where ``dsv4spec tune`` writes and the plugins look first: ``$DSV4SPEC_TABLES_DIR``, else
-    the user's cache directory's ``dsv4spec/tables``."""
+    the user's cache directory's ``dsv4spec/tables``; one that exists but is not a directory (a
+    mistyped variable) is named once in a WARNING, since no file is ever found in it."""
     env = os.environ.get(TABLES_DIR_ENV)
     if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "dsv4spec" / "tables"
+        path = Path(env).expanduser()
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        path = Path(cache) / "dsv4spec" / "tables"
+    if path not in _told_not_a_directory and path.exists() and not path.is_dir():
+        _told_not_a_directory.add(path)
+        logger.warning("dsv4spec: the tables directory %s is not a directory: no user tables are "
+                       "read from it (the packaged ones are) and `dsv4spec tune` cannot write "
+                       "there", f"{TABLES_DIR_ENV}={env}" if env else path)
+    return path
 
 
 def stack_of(triton_version: str) -> str:
