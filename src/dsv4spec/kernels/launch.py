@@ -16,9 +16,9 @@ everything bound: the grid, the integer and float arguments, the constexprs, ``n
 ``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
 Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler,
 a Triton release outside :data:`DIRECT_LAUNCH_LAYOUTS`, a C launcher that does not read one
-argument per kernel parameter) every call goes through ``kernel[grid](...)``. Hooks are checked when a key is first launched:
-install a profiler's hooks before the first call of a shape, or launch inside
-``LaunchCache.disabled()``.
+argument per kernel parameter) every call goes through ``kernel[grid](...)``. Hooks are checked
+when a key is first launched: install a profiler's hooks before the first call of a shape, or
+launch inside ``LaunchCache.disabled()``.
 """
 
 from __future__ import annotations
