@@ -201,6 +201,35 @@ def test_this_machine_without_an_engine_is_not_validated(no_gpu, no_engine):
     assert report["exit"] == 1
 
 
+@pytest.mark.parametrize("version", ["3.8.1", "3.8.0+gitabc"])
+def test_a_triton_the_direct_launch_does_not_bind_shows_eager_calls_stepping_aside(monkeypatch,
+                                                                                   version):
+    """Under a patch release of the 3.8 stack or a local build the report says, beside the
+    Triton release, that eager calls run the engines' code; every eager range is empty, the
+    graph ranges are the 3.8 file's, and the tables' one WARNING is among the warnings."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setattr(tables, "running_stack", lambda: tables.stack_of(triton.__version__))
+    report = doctor.build_report(**H200, triton_stack="3.8", numerics=False)
+    assert report["triton"]["direct_launch"] is None
+    ranges = [modes for engine in report["engines"].values()
+              for hook in engine["hooks"].values() if hook["kind"] == "table"
+              for modes in hook["ranges"].values()]
+    assert ranges and not any(spans for modes in ranges for spans in modes["eager"].values())
+    assert any(spans for modes in ranges for spans in modes["graph"].values())
+    told = [w for w in report["warnings"] if "direct launch" in w]
+    assert len(told) == 1 and f"Triton {version} is not a release" in told[0]
+    text = " ".join(doctor.render(report).split())
+    assert (f"Triton {version} (stack 3.8); no direct launch under this release (only 3.6.0, "
+            "3.8.0): the tables' eager rows do not hold, every eager call runs the engine's "
+            "code") in text
+    monkeypatch.setattr(triton, "__version__", "3.8.0")
+    report = doctor.build_report(**H200, triton_stack="3.8", numerics=False)
+    assert report["triton"]["direct_launch"] == "generic"
+    assert "direct launch" not in " ".join(doctor.render(report).split())
+
+
 def test_what_if_with_no_table_for_the_gpu_says_to_tune(capsys):
     rc = main(["doctor", "--device-name", "NVIDIA B200", "--capability", "10.0"])
     out = capsys.readouterr().out

@@ -42,6 +42,7 @@ import triton
 
 from dsv4spec import __version__
 from dsv4spec.integrations import manifest, tables
+from dsv4spec.kernels import launch
 from dsv4spec.usage import UsageError
 
 # engine -> (its name for people, its plugin module)
@@ -175,7 +176,7 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
                   "hip": torch.version.hip},
         "triton": {"version": triton.__version__, "running_stack": tables.running_stack(),
-                   "stack": gpu["stack"]},
+                   "stack": gpu["stack"], "direct_launch": launch.direct_launch_layout()},
     }
     architecture = None if gpu["architecture"] is None else tuple(gpu["architecture"])
     assumed = (tables.assuming(gpu["name"], gpu["stack"]) if gpu_what_if
@@ -554,8 +555,8 @@ def render(report: dict) -> str:
     backend = f"CUDA {t['cuda']}" if t["cuda"] else f"HIP {t['hip']}" if t["hip"] else "CPU"
     stack = tr["stack"] + ("" if tr["stack"] == tr["running_stack"] else
                            f" assumed, running {tr['running_stack']}")
-    lines.append(_row("torch", f"{t['version']} ({backend}); Triton {tr['version']} "
-                               f"(stack {stack})"))
+    lines += _wrapped("torch", f"{t['version']} ({backend}); Triton {tr['version']} "
+                               f"(stack {stack})" + _direct_launch_note(tr))
     lines += _tables_lines(report)
     for engine in report["engines"].values():
         lines += _wrapped(engine["name"], _engine_line(engine))
@@ -574,6 +575,16 @@ def render(report: dict) -> str:
                               else "") if report["exit"] == 0 else "not validated")
     lines.append(_row("result", f"{verdict} (exit {report['exit']})"))
     return "\n".join(lines)
+
+
+def _direct_launch_note(triton_report: dict) -> str:
+    """What the running Triton release means for eager calls, where it is not a release the
+    direct launch binds and the tables read are its stack's."""
+    if (triton_report["direct_launch"] is not None
+            or triton_report["stack"] != triton_report["running_stack"]):
+        return ""
+    return (f"; no direct launch under this release (only {', '.join(launch.DIRECT_LAUNCH_LAYOUTS)}"
+            "): the tables' eager rows do not hold, every eager call runs the engine's code")
 
 
 def _row(label: str, text: str) -> str:

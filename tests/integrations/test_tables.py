@@ -549,6 +549,67 @@ def test_the_triton_38_decisions_read_off_its_h200_run(fresh, monkeypatch):
     assert vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", 16, 7168, True, SM90)
 
 
+@pytest.mark.parametrize("version, holds", [
+    ("3.8.0", True), ("3.8.1", False), ("3.8.0+gitabc", False), ("3.6.0", True),
+    ("3.6.1", False)])
+def test_eager_rows_decide_only_where_the_direct_launch_holds(fresh, monkeypatch, caplog,
+                                                              version, holds):
+    """The eager rows were won with the direct launch, bound only under 3.6.0 and 3.8.0: under a
+    patch release of the stack or a local build every eager call steps aside to the engine's
+    code (one WARNING per process, whatever the hooks asked), while the graph rows still decide
+    as measured."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setattr(tables, "running_stack", lambda: tables.stack_of(triton.__version__))
+    stack = tables.stack_of(version)
+    fresh(H200)
+    differ, served = [], {True: 0, False: 0}
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for hook in HOOKS:
+            for in_graph in (True, False):
+                for key in (4096, 7168, 2048, 8192):
+                    for count in range(1, 70):
+                        measured = measured_decides(hook, key, count, in_graph, SM90, stack)
+                        decided = plugin_decides(hook, key, count, in_graph, SM90)
+                        served[in_graph] += decided
+                        if decided != (measured and (in_graph or holds)):
+                            differ.append((hook, in_graph, key, count))
+        boundary_eager = [vllm_hooks.prefers_dsv4spec("mhc_fused_post_pre", t, 7168, False, SM90)
+                          for t in (1, 8, 16)]
+    assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
+    assert served[True] and bool(served[False]) == holds
+    assert boundary_eager == [holds] * 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if holds:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1, warnings
+        assert f"Triton {version} is not a release" in warnings[0]
+        assert "engine's own code" in warnings[0] and STACK_FILES[stack] in warnings[0]
+
+
+def test_eager_rows_measured_without_the_direct_launch_hold(fresh, monkeypatch, caplog):
+    """A file `dsv4spec tune` wrote under 3.8.1 timed the dispatcher path: its eager rows hold
+    there."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.8.1")
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.8")
+    data = one_hook_file("mhc_post", graph={"7168": [[1, 2]]}, eager={"7168": [[1, 3]]})
+    data["measured"]["triton"] = "3.8.1"
+    path = tables.user_dir() / tables.device_file_name(H200, "3.8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    fresh(H200)
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        assert [plugin_decides("mhc_post", 7168, t, False, SM90) for t in (1, 3, 4)] == [
+            True, True, False]
+        assert plugin_decides("mhc_post", 7168, 2, True, SM90)
+    assert mhc.TABLES["mhc_post"].sources[SM90] == path
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_an_architecture_file_names_what_it_was_derived_from():
     tables.validate(packaged("sm_90.json"))
     faults = []

@@ -6,8 +6,11 @@ scalar and constexpr, in signature order) is checked on CPU. The GPU tests in te
 real kernels bit for bit against Triton's own dispatch under each release.
 """
 
+import types
+
 import pytest
 import torch
+import triton
 
 import dsv4spec.kernels.launch as launch
 from dsv4spec.kernels.launch import LaunchCache, alignment_key
@@ -28,6 +31,9 @@ class FakeLauncher:
 
 class FakeCompiled:
     function, packed_metadata = "fn", "meta"
+    # Triton 3.6's launcher is generated from this: one argument per entry
+    src = types.SimpleNamespace(signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32",
+                                           "eps": "fp32", "BLOCK": "constexpr"})
 
     def __init__(self, log):
         self.run = FakeLauncher(log)
@@ -82,8 +88,14 @@ def test_triton_38_layout_passes_the_arguments_as_one_tuple(cuda_like, monkeypat
     assert kernel.log[1:] == [("direct", (*head, (111, 222, 8, 0.5, 4)))]
 
 
-def test_triton_38_layout_with_scratch_or_other_arity_uses_the_launchers_call(cuda_like,
-                                                                             monkeypatch):
+def with_compiled(compiled):
+    """A stand-in kernel whose launches return ``compiled``."""
+    returns_compiled = {"arg_names": FakeKernel.arg_names,
+                        "__getitem__": lambda self, g: lambda *a, **k: compiled}
+    return type("K", (), returns_compiled)()
+
+
+def test_triton_38_layout_with_scratch_uses_the_launchers_call(cuda_like, monkeypatch):
     monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: "generic")
     calls = []
 
@@ -91,18 +103,62 @@ def test_triton_38_layout_with_scratch_or_other_arity_uses_the_launchers_call(cu
         def __call__(self, *args):
             calls.append(args)
 
-    for attr, value in (("global_scratch_size", 64), ("arg_annotations", ("a",) * 4)):
+    kernel, x = FakeKernel(), torch.arange(8.0)
+    compiled = FakeCompiled(kernel.log)
+    compiled.run = Launcher(kernel.log)
+    compiled.run.global_scratch_size = 64
+    cache = LaunchCache(with_compiled(compiled))
+    cache.launch("k", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, num_warps=1)
+    cache.get("k")(5, 6)
+    assert kernel.log == []  # never the C launcher directly
+    assert calls == [(1, 1, 1, 1234, "fn", "meta", None, None, None, 5, 6, 8, 0.5, 4)]
+
+
+@pytest.mark.parametrize("layout", ["generic", "per_signature"])
+def test_a_launcher_reading_another_count_of_arguments_is_never_bound(cuda_like, monkeypatch,
+                                                                      layout):
+    """Triton 3.8's generic C launcher reads one argument per annotation, unchecked; Triton
+    3.6's was generated from the source's signature: where either counts other than the kernel's
+    parameters (a tensor descriptor, a tuple, another release's launcher), no direct launch is
+    bound, not even through the launcher's ``__call__`` (it passes the same arguments on), and
+    every call goes through ``kernel[grid](...)``."""
+    monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: layout)
+    signature = dict(FakeCompiled.src.signature)
+    fewer = dict(list(signature.items())[:4])
+    for launcher_attrs, src_signature in (
+            ({"arg_annotations": ("a",) * 4}, signature),
+            ({"arg_annotations": ("a",) * 6}, signature),
+            ({"arg_annotations": None}, signature),
+            ({}, fewer),
+            ({}, {**fewer, "BLOCK": "tensordesc<fp32[4]>"}),
+            ({}, {**fewer, "BLOCK": ("i32", "i32")}),
+            ({}, None)):
+        if bool(launcher_attrs) != (layout == "generic"):
+            continue
         kernel, x = FakeKernel(), torch.arange(8.0)
         compiled = FakeCompiled(kernel.log)
-        compiled.run = Launcher(kernel.log)
-        setattr(compiled.run, attr, value)
-        returns_compiled = {"arg_names": FakeKernel.arg_names,
-                            "__getitem__": lambda self, g: lambda *a, **k: compiled}
-        cache = LaunchCache(type("K", (), returns_compiled)())
+        for attr, value in launcher_attrs.items():
+            setattr(compiled.run, attr, value)
+        compiled.src = types.SimpleNamespace(signature=src_signature)
+        cache = LaunchCache(with_compiled(compiled))
         cache.launch("k", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, num_warps=1)
-        cache.get("k")(5, 6)
-        assert kernel.log == []  # never the C launcher directly
-    assert calls == [(1, 1, 1, 1234, "fn", "meta", None, None, None, 5, 6, 8, 0.5, 4)] * 2
+        assert cache.get("k") is None and len(cache) == 0, (launcher_attrs, src_signature)
+
+
+def test_the_sanitizers_annotation_is_the_one_the_launchers_call_appends(cuda_like,
+                                                                         monkeypatch):
+    monkeypatch.setattr(launch, "direct_launch_layout", lambda *version: "generic")
+    kernel, x = FakeKernel(), torch.arange(8.0)
+    compiled = FakeCompiled(kernel.log)
+    compiled.run.gsan_enabled, compiled.run.arg_annotations = True, ("a",) * 6
+    calls = []
+    compiled.run.__class__ = type("Launcher", (FakeLauncher,),
+                                  {"__call__": lambda self, *args: calls.append(args)})
+    cache = LaunchCache(with_compiled(compiled))
+    cache.launch("k", (1, 1, 1), (x, x, 8, 0.5), {"BLOCK": 4}, num_warps=1)
+    cache.get("k")(5, 6)
+    assert kernel.log == [] and calls == [(1, 1, 1, 1234, "fn", "meta", None, None, None, 5, 6,
+                                           8, 0.5, 4)]
 
 
 def test_other_key_and_disabled_cache_have_no_direct_launch(cuda_like, monkeypatch):
@@ -141,12 +197,21 @@ def test_argument_layout_must_match_the_signature(cuda_like):
 
 def test_direct_launch_only_on_the_triton_releases_it_was_tested_with():
     assert launch.direct_launch_supported("3.6.0")
-    assert launch.direct_launch_supported("3.6.0+git1234")
     assert launch.direct_launch_layout("3.6.0") == "per_signature"
     assert launch.direct_launch_layout("3.8.0") == "generic"
-    for other in ("3.5.1", "3.7.0", "3.8.1", "3.9.0", "4.0.0"):
-        assert not launch.direct_launch_supported(other)
+    # patch releases, pre-releases and local builds near a validated release are not it
+    for other in ("3.5.1", "3.7.0", "3.8.1", "3.9.0", "4.0.0", "3.8.0rc1", "3.6.0+git1234",
+                  "3.8.0+gitabc"):
+        assert not launch.direct_launch_supported(other), other
     assert LaunchCache.enabled == launch.direct_launch_supported()
+
+
+@pytest.mark.parametrize("version, holds", [("3.6.0", True), ("3.8.0", True), ("3.8.1", False),
+                                            ("3.8.0+gitabc", False), ("3.9.0", False)])
+def test_the_direct_launch_holds_for_the_imported_tritons_release(monkeypatch, version, holds):
+    monkeypatch.setattr(triton, "__version__", version)
+    assert launch.direct_launch_holds() is holds
+    assert launch.direct_launch_supported() is holds
 
 
 def test_disabled_context_restores_the_previous_setting(monkeypatch):

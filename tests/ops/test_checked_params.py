@@ -58,9 +58,9 @@ def streams():
 
 
 def parameter_checks(monkeypatch, ops):
-    """The parameter checks the op runs, counted: mhc_pre's full check, hc_head's check of
-    each parameter (the four of a call that is not remembered)."""
-    name = "_check_pre" if ops is MHC_OPS else "_param_ok"
+    """The parameter checks the op runs, counted: mhc_pre's check of its parameters, hc_head's
+    check of each parameter (the four of a call that is not remembered)."""
+    name = "_params_ok" if ops is MHC_OPS else "_param_ok"
     real, seen = getattr(ops, name), []
     monkeypatch.setattr(ops, name, lambda *args: seen.append(1) or real(*args))
     return seen
@@ -131,21 +131,22 @@ def test_a_tensor_with_a_dead_tensors_id_is_checked(ops, weights, call):
         call(x, impostors)
 
 
+@pytest.mark.parametrize("weight", [0, 3], ids=["fn", "norm_weight"])
 @pytest.mark.parametrize("ops,weights,call", OPS)
-def test_a_weight_moved_back_onto_its_remembered_address_is_checked(ops, weights, call):
+def test_a_weight_moved_back_onto_its_remembered_address_is_checked(ops, weights, call, weight):
     """A weight given new storage fails its check; put back on its old storage with the wrong
     shape (the remembered address), it must fail again, not pass as remembered."""
     x, model = streams(), weights()
     call(x, model)
-    fn = model[0]
-    good = fn.data
-    fn.data = torch.randn(3, 5)
-    with pytest.raises(ValueError, match="fn"):
+    moved, name = model[weight], ("fn", "norm_weight")[weight > 0]
+    good = moved.data
+    moved.data = torch.randn(3, 5)
+    with pytest.raises(ValueError, match=name):
         call(x, model)
-    fn.data = good.view(-1)
-    with pytest.raises(ValueError, match="fn"):
+    moved.data = good.view(-1) if good.dim() > 1 else good[:-1]
+    with pytest.raises(ValueError, match=name):
         call(x, model)
-    fn.data = good
+    moved.data = good
     call(x, model)
 
 
@@ -160,6 +161,71 @@ def test_set_storage_is_checked_again(ops, weights, call):
     fn.set_(good)
     call(x, model)
     assert len(ops._CHECKED_PARAMS) == 1
+
+
+def parameters(weights):
+    return [torch.nn.Parameter(t, requires_grad=False) for t in weights()]
+
+
+def engines_call(call, x, params):
+    """SGLang's and vLLM's DeepSeek-V4 call: the weights' Parameters, and the norm weight as
+    ``norm.weight.data``, a new tensor object on every call."""
+    fn, hc_scale, hc_base, norm_weight = params
+    return call(x, (fn, hc_scale, hc_base, norm_weight.data))
+
+
+@pytest.mark.parametrize("ops,weights,call", OPS)
+def test_the_engines_call_pattern_takes_the_remembered_check(monkeypatch, ops, weights, call):
+    """After the first call, the engines' calls remember nothing more (an entry for a tensor that
+    dies after the call costs more than the checks it skips) and check only the norm weight, in
+    one pass: the other weights are their remembered entry."""
+    x, params = streams(), parameters(weights)
+    engines_call(call, x, params)
+    remembered, checked = [], []
+    real_remember, real_ok = CheckedParams.remember, ops._param_ok
+    monkeypatch.setattr(CheckedParams, "remember",
+                        lambda self, *a: remembered.append(a) or real_remember(self, *a))
+    monkeypatch.setattr(ops, "_param_ok",
+                        lambda t, shape, *a: checked.append(tuple(shape)) or real_ok(t, shape, *a))
+    naming = parameter_checks(monkeypatch, ops) if ops is MHC_OPS else []
+    for _ in range(5):
+        engines_call(call, x, params)
+    assert remembered == [] and naming == []
+    assert checked == [(H,)] * 5
+    (entry,) = ops._CHECKED_PARAMS.values()
+    assert len(entry[0]) == 3 and all(ref() is p for ref, p in zip(entry[0], params, strict=False))
+
+
+@pytest.mark.parametrize("ops,weights,call", OPS)
+def test_a_norm_weight_reallocated_at_the_same_address_is_checked(ops, weights, call):
+    """The engines' norm weight gone and new tensors made on its memory (the same address) with
+    another dtype or shape: each call checks it, and refuses it naming it."""
+    x, params = streams(), parameters(weights)
+    for _ in range(2):
+        engines_call(call, x, params)
+    memory = params[3].data.untyped_storage()
+    address = params[3].data_ptr()
+    del params[3]
+    gc.collect()
+    for dtype, shape in ((torch.int32, (H,)), (torch.float32, (H // 2,)),
+                         (torch.float32, (1, H))):
+        impostor = torch.empty(0, dtype=dtype).set_(memory, 0, shape)
+        assert impostor.data_ptr() == address
+        with pytest.raises(ValueError, match="norm_weight"):
+            call(x, (*params, impostor))
+
+
+@pytest.mark.parametrize("ops,weights,call", OPS)
+def test_a_dropped_model_called_the_engines_way_is_freed_and_forgotten(ops, weights, call):
+    x, params = streams(), parameters(weights)
+    for _ in range(3):
+        engines_call(call, x, params)
+    assert len(ops._CHECKED_PARAMS) == 1, "the remembered check is what this tests"
+    alive = [weakref.ref(p) for p in params] + [weakref.ref(params[3].untyped_storage())]
+    del params
+    gc.collect()
+    assert [ref() for ref in alive] == [None] * 5
+    assert len(ops._CHECKED_PARAMS) == 0
 
 
 # --- CheckedParams itself ------------------------------------------------------------------------

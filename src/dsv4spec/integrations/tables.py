@@ -16,6 +16,14 @@ packaged device files, the packaged architecture files. A malformed file in the 
 engine's own code for every hook on that GPU (one WARNING naming the file); no file at all, or
 files of other stacks only, the same (one WARNING naming ``dsv4spec tune``).
 
+An eager row is host time per call, which ours won by its direct launch of the compiled kernels
+(:mod:`dsv4spec.kernels.launch`), bound only under the exact Triton releases it was validated
+with: rows measured with it decide only where this process's Triton has it too
+(:func:`eager_rows_hold`). Under a patch release of the stack (3.8.1) or a local build
+(``3.8.0+git...``) every launch goes through Triton's dispatcher, so the graph rows alone decide
+and every eager call runs the engine's code (one WARNING per process says so; ``dsv4spec doctor``
+shows it beside the Triton release).
+
 A GPU is served only what was measured on it, or measured clearly enough to carry over: its own
 file (packaged, or written by ``dsv4spec tune``) decides every hook it holds; another GPU of a
 measured architecture (an H100, H20 or GH200 beside the H200's file) reads the architecture
@@ -83,6 +91,7 @@ import torch
 import triton
 
 from dsv4spec.integrations.hooks import Architecture, Spans
+from dsv4spec.kernels.launch import DIRECT_LAUNCH_LAYOUTS, direct_launch_holds
 
 logger = logging.getLogger("dsv4spec.integrations")
 
@@ -331,6 +340,7 @@ class Source(NamedTuple):
     engines: dict[str, dict[str, dict[str, Any]]]
     sm_count: int | None
     derived: dict[str, Any] | None
+    triton: str | None = None  # the release measured under (``measured.triton``)
 
 
 def read_source(path: Path) -> Source:
@@ -339,7 +349,8 @@ def read_source(path: Path) -> Source:
         data = json.load(f)
     engines = validate(data)
     return Source(path, file_stack(data), engines, data["measured"].get("sm_count"),
-                  data.get("derived") if data["device"] is None else None)
+                  data.get("derived") if data["device"] is None else None,
+                  data["measured"]["triton"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +430,7 @@ def _device_sm_count(architecture: Architecture) -> int | None:
 
 _chains: dict[tuple[str | None, Architecture, str], list[Source] | None] = {}
 _told_derived: set[str] = set()  # the GPUs told they read an architecture file
+_told_no_direct_launch: set[str] = set()  # the Triton versions told their eager rows are not read
 # (device name, stack) answered for in place of the visible GPU and the running Triton, inside
 # assuming(); None outside.
 _assumed: tuple[str | None, str | None] | None = None
@@ -430,6 +442,7 @@ def clear_cache() -> None:
     """Forget the files read and the GPUs told (tests; a process reads each once)."""
     _chains.clear()
     _told_derived.clear()
+    _told_no_direct_launch.clear()
 
 
 def _chain(device_name: str | None, architecture: Architecture,
@@ -553,8 +566,40 @@ def hook_entry(engine: str, hook: str, architecture: Architecture,
                 f"SMs (measured on {source.sm_count})" if differs else "")
         if differs:
             entry = _same_plan_only(engine, hook, entry, source.sm_count, sms, source.stack)
+        if not eager_rows_hold(source.triton):
+            entry = _graph_rows_only(entry, source)
         return source.path, entry
     return None, None
+
+
+def eager_rows_hold(measured_triton: str | None) -> bool:
+    """Whether a file's eager rows, measured under Triton ``measured_triton``, decide in this
+    process. An eager row is host time per call, and ours won those by the direct launch
+    (:func:`~dsv4spec.kernels.launch.direct_launch_holds`): rows measured with it (under a
+    release of ``DIRECT_LAUNCH_LAYOUTS``) hold only where this process's Triton has it too. On a
+    patch release of the stack or a local build every launch goes through Triton's dispatcher,
+    so the engine's code serves every eager call and the graph rows alone decide (ours is still
+    compiled before the engine's capture). Rows measured without the direct launch (``dsv4spec
+    tune`` under such a release) timed that path and hold. Inside :func:`assuming` another stack
+    than the running one, the release that stack's file was measured under is assumed."""
+    if measured_triton not in DIRECT_LAUNCH_LAYOUTS:
+        return True
+    if _assumed is not None and _assumed[1] is not None and _assumed[1] != running_stack():
+        return True
+    return direct_launch_holds()
+
+
+def _graph_rows_only(entry: dict, source: Source) -> dict:
+    """``entry`` with no eager range (one WARNING per process where any is dropped)."""
+    if any(entry["eager"].values()) and triton.__version__ not in _told_no_direct_launch:
+        _told_no_direct_launch.add(triton.__version__)
+        logger.warning(
+            "dsv4spec: Triton %s is not a release dsv4spec's direct launch binds (%s): every "
+            "eager launch of its kernels goes through Triton's dispatcher, so the eager rows of "
+            "%s (measured with the direct launch under Triton %s) do not hold and every eager "
+            "call runs the engine's own code; CUDA graphs follow the graph rows",
+            triton.__version__, ", ".join(DIRECT_LAUNCH_LAYOUTS), source.path, source.triton)
+    return {**entry, "eager": {key: () for key in entry["eager"]}}
 
 
 def _same_plan_only(engine: str, hook: str, entry: dict, measured_sms: int, sms: int,

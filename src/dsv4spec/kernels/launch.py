@@ -15,10 +15,10 @@ generated kernels the same way). The key must capture everything Triton speciali
 everything bound: the grid, the integer and float arguments, the constexprs, ``num_warps``,
 ``num_stages`` and ``launch_pdl``, the pointer dtypes and each pointer's 16-byte alignment.
 Where the cache cannot apply (the CPU interpreter, a launch hook installed, e.g. by a profiler,
-a Triton release outside :data:`DIRECT_LAUNCH_LAYOUTS`) every call goes through
-``kernel[grid](...)``. Hooks are checked when a key is first launched:
-install a profiler's hooks before the first call of a shape, or launch inside
-``LaunchCache.disabled()``.
+a Triton release outside :data:`DIRECT_LAUNCH_LAYOUTS`, a C launcher that does not read one
+argument per kernel parameter) every call goes through ``kernel[grid](...)``. Hooks are checked
+when a key is first launched: install a profiler's hooks before the first call of a shape, or
+launch inside ``LaunchCache.disabled()``.
 """
 
 from __future__ import annotations
@@ -39,21 +39,32 @@ from dsv4spec.kernels import interpreter_enabled
 # the argument annotations, a packed signature and the arguments as one tuple. Each release maps
 # to the argument layout its GPU tests ran with (bit-equal to ``kernel[grid](...)``); any other
 # release launches through Triton's public ``kernel[grid](...)`` (correct, more host time a call).
+# The version must match exactly: a local build (``3.8.0+git...``) is whatever commit it was
+# built from, near that release or not, and a C launcher of another layout reads its positional
+# arguments unchecked (a wrong launch or a crash, not an exception), which no check at bind time
+# can rule out.
 DIRECT_LAUNCH_LAYOUTS = {"3.6.0": "per_signature", "3.8.0": "generic"}
 
 
-def _release(version: str) -> str:
-    return version.split("+")[0]
+def direct_launch_layout(version: str | None = None) -> str | None:
+    """The C launcher's argument layout on this Triton release (default: the imported one), or
+    None where not validated (another release, a pre-release or a local build)."""
+    return DIRECT_LAUNCH_LAYOUTS.get(triton.__version__ if version is None else version)
 
 
-def direct_launch_layout(version: str = triton.__version__) -> str | None:
-    """The C launcher's argument layout on this Triton release, or None where not validated."""
-    return DIRECT_LAUNCH_LAYOUTS.get(_release(version))
-
-
-def direct_launch_supported(version: str = triton.__version__) -> bool:
-    """Whether :class:`LaunchCache` may bind direct launches on this Triton release."""
+def direct_launch_supported(version: str | None = None) -> bool:
+    """Whether :class:`LaunchCache` may bind direct launches on this Triton release (default:
+    the imported one)."""
     return direct_launch_layout(version) is not None
+
+
+def direct_launch_holds() -> bool:
+    """Whether this process's eager launches take the direct launch: the imported Triton is a
+    release of :data:`DIRECT_LAUNCH_LAYOUTS`. Where not, every launch goes through Triton's
+    dispatcher (the mHC boundary at T = 1, H = 7168: 103.6 us a call on the H200's host, 35.3 us
+    with the direct launch: ``benchmarks/results/triton38/stack_triton3.6_vs_3.8.md``), so eager
+    timings measured with the direct launch (the tables' eager rows) do not hold here."""
+    return direct_launch_supported()
 
 
 def _hooks_installed() -> bool:
@@ -129,22 +140,27 @@ class LaunchCache:
             return  # pointers after scalars: not a layout the direct launch binds
         # The C launcher takes every parameter, constexprs included (it skips those).
         bound = (*args[num_pointers:], *constexprs.values())
-        self._entries[key] = self._direct(compiled, grid, bound, num_pointers)
+        direct = self._direct(compiled, grid, bound, num_pointers)
+        if direct is not None:
+            self._entries[key] = direct
 
-    def _direct(self, compiled, grid, bound: tuple, num_pointers: int) -> Callable[..., None]:
+    def _direct(self, compiled, grid, bound: tuple,
+                num_pointers: int) -> Callable[..., None] | None:
+        """The direct launch of ``compiled``, or None where its C launcher does not take one
+        argument per parameter (``kernel[grid](...)`` then launches every call)."""
         gx, gy, gz = grid
         function, metadata = compiled.function, compiled.packed_metadata
         launcher = compiled.run
         get_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
         c_launch = getattr(launcher, "launch", None)
         layout = direct_launch_layout()
+        if _launcher_arguments(layout, compiled) != num_pointers + len(bound):
+            return None
         # scratch buffers (global or profiler) are allocated per launch by the Python launcher
         scratch = (getattr(launcher, "global_scratch_size", 1)
                    or getattr(launcher, "profile_scratch_size", 1))
-        # the generic launcher reads one argument per annotation, unchecked: bind only a match
         generic = (layout == "generic" and c_launch is not None and not scratch
-                   and not getattr(launcher, "gsan_enabled", False)
-                   and len(getattr(launcher, "arg_annotations", ())) == num_pointers + len(bound))
+                   and not getattr(launcher, "gsan_enabled", False))
         if generic:
             # Triton 3.8: CudaLauncher.__call__ minus its scratch step; ``launch`` is the
             # generic C launcher itself (no tensor descriptors among our arguments)
@@ -172,6 +188,27 @@ class LaunchCache:
                          None, *pointers, *bound)
         direct.num_pointers = num_pointers
         return direct
+
+
+def _launcher_arguments(layout: str | None, compiled) -> int | None:
+    """How many kernel arguments ``compiled``'s C launcher reads, constexprs included (None:
+    unknown). Triton 3.8's generic launcher reads one per argument annotation, unchecked (the
+    address sanitizer's annotation is the one its launcher's ``__call__`` appends); Triton 3.6's
+    was generated from the source's signature, one per entry, a tensor descriptor or a tuple
+    expanding to several (it raises on another count, on every call)."""
+    launcher = compiled.run
+    if layout == "generic":
+        annotations = getattr(launcher, "arg_annotations", None)
+        if annotations is None:
+            return None
+        return len(annotations) - bool(getattr(launcher, "gsan_enabled", False))
+    if layout == "per_signature":
+        signature = getattr(getattr(compiled, "src", None), "signature", None)
+        if not isinstance(signature, dict) or not all(
+                isinstance(t, str) and not t.startswith("tensordesc") for t in signature.values()):
+            return None
+        return len(signature)
+    return None
 
 
 def alignment_key(*pointers: int) -> int:

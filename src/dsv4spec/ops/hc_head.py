@@ -11,7 +11,7 @@ from dsv4spec.kernels import interpreter_enabled, triton_runs_on
 from dsv4spec.kernels.hc_head import HC, hc_head_triton
 from dsv4spec.kernels.hc_head_plan import plan_on
 from dsv4spec.ops import plan_scan
-from dsv4spec.ops.checked_params import CheckedParams
+from dsv4spec.ops.checked_params import CheckedParams, remembered
 
 IMPLS = ("auto", "eager", "compiled", "triton")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -145,27 +145,35 @@ def _param_ok(t, shape, is_cuda, device_index) -> bool:
             and t.is_contiguous())
 
 
-# (ids of hc_fn, hc_scale, hc_base, norm_weight; hc, H, device index) -> (weak references to those
-# tensors, their addresses). The parameters are a model's weights, the same tensors call after
-# call: once they pass, a call with the same tensors at the same addresses skips their checks. An
-# entry goes when one of its tensors dies, so its ids cannot be another tensor's; a weight given
-# new storage (``param.data = ...``, ``set_``) changes its address and is checked again. (In-place
-# metadata changes that keep the address, e.g. ``hc_fn.t_()``, are not detected.)
+# (ids of hc_fn, hc_scale, hc_base; whether norm_weight is None; hc, H, device index) -> (weak
+# references to those tensors and to norm_weight where it is remembered with them, their
+# addresses). The parameters are a model's weights, the same tensors call after call: once they
+# pass, a call with the same tensors at the same addresses skips their checks. An entry goes when
+# one of its tensors dies, so its ids cannot be another tensor's; a weight given new storage
+# (``param.data = ...``, ``set_``) changes its address and is checked again. (In-place metadata
+# changes that keep the address, e.g. ``hc_fn.t_()``, are not detected.) A norm weight passed as
+# ``param.data``, a new tensor every call, is not remembered and is checked alone
+# (:func:`~dsv4spec.ops.checked_params.remembered`).
 CHECKED_PARAMS_LIMIT = 64
 _CHECKED_PARAMS = CheckedParams(CHECKED_PARAMS_LIMIT)
 
 
 def _params_look_valid(hc_fn, hc_scale, hc_base, norm_weight, hc, H, is_cuda, index) -> bool:
-    key = (id(hc_fn), id(hc_scale), id(hc_base), id(norm_weight), hc, H, index)
+    key = (id(hc_fn), id(hc_scale), id(hc_base), norm_weight is None, hc, H, index)
     entry = _CHECKED_PARAMS.get(key)
     if entry is not None:
         # the key's ids are these very tensors (the entry dies with them); unrolled, as a
         # generator over them costs more host time than the comparisons
-        addresses = entry[1]
+        refs, addresses = entry
         if (hc_fn.data_ptr() == addresses[0] and hc_scale.data_ptr() == addresses[1]
-                and hc_base.data_ptr() == addresses[2]
-                and (norm_weight is None or norm_weight.data_ptr() == addresses[3])):
-            return True
+                and hc_base.data_ptr() == addresses[2]):
+            if norm_weight is None:
+                return True
+            if len(addresses) < 4 or refs[3]() is not norm_weight:
+                # not the norm weight remembered with them (``norm.weight.data``): checked alone
+                return _param_ok(norm_weight, (H,), is_cuda, index)
+            if norm_weight.data_ptr() == addresses[3]:
+                return True
         # moved: checked again below, and the old address must not pass should new storage land
         # there
         _CHECKED_PARAMS.forget(key)
@@ -174,8 +182,7 @@ def _params_look_valid(hc_fn, hc_scale, hc_base, norm_weight, hc, H, is_cuda, in
           and _param_ok(hc_base, (hc,), is_cuda, index)
           and (norm_weight is None or _param_ok(norm_weight, (H,), is_cuda, index)))
     if ok:
-        tensors = (hc_fn, hc_scale, hc_base) + (() if norm_weight is None else (norm_weight,))
-        _CHECKED_PARAMS.remember(key, tensors)
+        _CHECKED_PARAMS.remember(key, remembered(hc_fn, hc_scale, hc_base, norm_weight))
     return ok
 
 

@@ -19,7 +19,7 @@ from dsv4spec.kernels.mhc import (
     triton_release,
 )
 from dsv4spec.ops import plan_scan
-from dsv4spec.ops.checked_params import CheckedParams
+from dsv4spec.ops.checked_params import CheckedParams, remembered
 
 IMPLS = ("auto", "reference", "triton")
 PLANNED_OPS = ("mhc_pre", "mhc_post", "mhc_post_pre")
@@ -97,6 +97,12 @@ def _check_tensor(name, t, shape, dtypes, device):
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
+def _param_ok(t, shape, dtypes, device) -> bool:
+    """:func:`_check_tensor`'s verdict in one pass, without naming anything."""
+    return (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype in dtypes
+            and t.device == device and t.is_contiguous())
+
+
 def _check_residual(residual):
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
@@ -163,37 +169,61 @@ def _check_post(f, residual, post, comb):
     _check_tensor("comb", comb, (T, hc, hc), (torch.float32,), dev)
 
 
-# (ids of fn, hc_scale, hc_base, norm_weight; hc, H, device, dtype) -> (weak references to those
-# tensors, their addresses). A model's weights are the same tensors call after call: once they
-# pass, a call with the same tensors at the same addresses skips their checks (an eager call is
-# launch-bound). An entry goes when one of its tensors dies, so its ids cannot be another
-# tensor's; new storage changes the address (:class:`~dsv4spec.ops.checked_params.CheckedParams`).
+# (ids of fn, hc_scale, hc_base; whether norm_weight is None; hc, H, device, dtype) -> (weak
+# references to those tensors and to norm_weight where it is remembered with them, their
+# addresses). A model's weights are the same tensors call after call: once they pass, a call with
+# the same tensors at the same addresses skips their checks (an eager call is launch-bound). An
+# entry goes when one of its tensors dies, so its ids cannot be another tensor's; new storage
+# changes the address (:class:`~dsv4spec.ops.checked_params.CheckedParams`). The engines pass
+# ``norm.weight.data``, a new tensor object on every call, beside the other weights' Parameters:
+# it is not remembered (it dies after the call), so it is not in the key and is checked alone,
+# in one pass, on each call.
 CHECKED_PARAMS_LIMIT = 256
 _CHECKED_PARAMS = CheckedParams(CHECKED_PARAMS_LIMIT)
 
 
+def _params_key(residual, fn, hc_scale, hc_base, norm_weight) -> tuple:
+    _, hc, H = residual.shape
+    return (id(fn), id(hc_scale), id(hc_base), norm_weight is None, hc, H, residual.device,
+            residual.dtype)
+
+
 def _params_checked(residual, fn, hc_scale, hc_base, norm_weight) -> bool:
     _, hc, H = residual.shape
-    key = (id(fn), id(hc_scale), id(hc_base), id(norm_weight), hc, H, residual.device,
+    # _params_key, inlined: an eager call is launch-bound
+    key = (id(fn), id(hc_scale), id(hc_base), norm_weight is None, hc, H, residual.device,
            residual.dtype)
     entry = _CHECKED_PARAMS.get(key)
     if entry is None:
         return False
-    a = entry[1]
-    if (fn.data_ptr() == a[0] and hc_scale.data_ptr() == a[1] and hc_base.data_ptr() == a[2]
-            and (norm_weight is None or norm_weight.data_ptr() == a[3])):
-        return True
+    refs, a = entry
+    if fn.data_ptr() == a[0] and hc_scale.data_ptr() == a[1] and hc_base.data_ptr() == a[2]:
+        if norm_weight is None:
+            return True
+        if len(a) < 4 or refs[3]() is not norm_weight:
+            # not the norm weight remembered with them (``norm.weight.data``): checked alone
+            return _param_ok(norm_weight, (H,), (torch.float32, residual.dtype),
+                             residual.device)
+        if norm_weight.data_ptr() == a[3]:
+            return True
     # moved: checked in full, and the old address must not pass should new storage land there
     _CHECKED_PARAMS.forget(key)
     return False
 
 
-def _remember_params(residual, fn, hc_scale, hc_base, norm_weight) -> None:
+def _params_ok(residual, fn, hc_scale, hc_base, norm_weight) -> bool:
+    """:func:`_check_pre`'s verdict on the parameters, in one pass."""
     _, hc, H = residual.shape
-    key = (id(fn), id(hc_scale), id(hc_base), id(norm_weight), hc, H, residual.device,
-           residual.dtype)
-    tensors = (fn, hc_scale, hc_base) + (() if norm_weight is None else (norm_weight,))
-    _CHECKED_PARAMS.remember(key, tensors)
+    dev, f32, n = residual.device, (torch.float32,), (2 + hc) * hc
+    return (_param_ok(fn, (n, hc * H), f32, dev) and _param_ok(hc_scale, (3,), f32, dev)
+            and _param_ok(hc_base, (n,), f32, dev)
+            and (norm_weight is None
+                 or _param_ok(norm_weight, (H,), (torch.float32, residual.dtype), dev)))
+
+
+def _remember_params(residual, fn, hc_scale, hc_base, norm_weight) -> None:
+    _CHECKED_PARAMS.remember(_params_key(residual, fn, hc_scale, hc_base, norm_weight),
+                             remembered(fn, hc_scale, hc_base, norm_weight))
 
 
 def _pre_inputs_ok(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult,
@@ -208,9 +238,12 @@ def _pre_inputs_ok(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_it
             and (norm_weight is None or norm_eps is not None)
             and (impl == "auto" or impl == "reference"
                  or (impl == "triton" and residual.shape[1] == HC
-                     and (residual.is_cuda or interpreter_enabled())))
-            and _params_checked(residual, fn, hc_scale, hc_base, norm_weight)):
-        return
+                     and (residual.is_cuda or interpreter_enabled())))):
+        if _params_checked(residual, fn, hc_scale, hc_base, norm_weight):
+            return
+        if _params_ok(residual, fn, hc_scale, hc_base, norm_weight):
+            _remember_params(residual, fn, hc_scale, hc_base, norm_weight)
+            return
     _check_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult,
                norm_weight, norm_eps, impl)
     if norm_weight is not None and norm_eps is None:
