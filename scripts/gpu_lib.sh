@@ -16,3 +16,17 @@ environment() {  # environment OUT: the GPU, and torch / CUDA / Triton as PYTHON
     $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
   } 2>&1 | tee "$1/environment.txt"
 }
+deepgemm_setup() {  # deepgemm_setup vllm|sgl: .device/deepgemm_<kind>.tar.xz unpacked into
+  # /tmp/deepgemm-<kind> once (sgl: its _C.so compiled against this torch), checked to import;
+  # prints that folder (put it first on PYTHONPATH), or fails with the reason on stderr
+  local dir=/tmp/deepgemm-$1
+  unpack ".device/deepgemm_$1.tar.xz" "$dir"
+  [ -e "$dir/.done" ] || { echo "deepgemm $1: no .device/deepgemm_$1.tar.xz (scripts/deepgemm-bundle.sh $1)" >&2; return 1; }
+  if [ "$1" = sgl ] && [ ! -f "$dir/deep_gemm/_C.so" ]; then
+    $PY scripts/deepgemm_build.py "$dir" >&2 || return 1
+  fi
+  PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH} $PY -c 'import sys, deep_gemm
+from dsv4spec.bench.deepgemm import describe
+print(describe(deep_gemm), file=sys.stderr)' || return 1
+  echo "$dir"
+}
