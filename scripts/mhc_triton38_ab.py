@@ -16,9 +16,9 @@ without programmatic dependent launches. A dash in the table: the same tiling as
 its left.
 
 ``--norm-weight bfloat16`` gives the RMSNorm a bf16 weight (DSV4's, and the one ``bench stack``
-and ``tune`` time) instead of fp32; ``--via-op`` calls ``dsv4spec.ops.mhc_post_pre`` (the planned tiling alone:
-the op takes no overrides) and lets it allocate the outputs, as those benchmarks do, instead of
-the kernels' function writing into preallocated outputs. Either one names the files
+and ``tune`` time) instead of fp32; ``--via-op`` calls ``dsv4spec.ops.mhc_post_pre`` (the planned
+tiling alone: the op takes no overrides) and lets it allocate the outputs, as those benchmarks
+do, instead of the kernels' function writing into preallocated outputs. Either one names the files
 ``mhc_triton38_ab_<weight>[_op]``: the four runs isolate which of the two makes the 16-token
 boundary slower under 3.8 with the benchmarks' inputs (benchmarks/results/triton38/
 boundary_9_16_tokens.md).
