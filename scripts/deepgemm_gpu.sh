@@ -22,12 +22,8 @@ STEPS=${*:-smoke tune-sglang tune-vllm}
 mkdir -p "$OUT/tables"
 cd "$(dirname "$0")/.."
 . scripts/gpu_lib.sh
-for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
-unpack .device-sg/sglang_subset.tar.xz /tmp/sg
-[ -e /tmp/sg/.done ] && export DSV4SPEC_SGLANG_ROOT=/tmp/sg
+engine_bundles
 [ -d .vllm-src/0.33.0/vllm ] && export DSV4SPEC_VLLM_SRC=$PWD/.vllm-src/0.33.0
-P=$PWD/src
-[ -e /tmp/tl/.done ] && P=/tmp/tl:$P
 export PYTHONPATH=$P
 
 environment "$OUT"

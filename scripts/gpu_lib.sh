@@ -16,6 +16,15 @@ environment() {  # environment OUT: the GPU, and torch / CUDA / Triton as PYTHON
     $PY -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
   } 2>&1 | tee "$1/environment.txt"
 }
+engine_bundles() {  # TileLang (.device-tl) and SGLang's files (.device-sg) unpacked into /tmp
+  # once: SGLang's as DSV4SPEC_SGLANG_ROOT, TileLang before src/ in P (the PYTHONPATH to use)
+  for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
+  unpack .device-sg/sglang_subset.tar.xz /tmp/sg
+  [ -e /tmp/sg/.done ] && export DSV4SPEC_SGLANG_ROOT=/tmp/sg
+  P=$PWD/src
+  [ -e /tmp/tl/.done ] && P=/tmp/tl:$P
+  return 0
+}
 deepgemm_setup() {  # deepgemm_setup vllm|sgl: .device/deepgemm_<kind>.tar.xz unpacked into
   # /tmp/deepgemm-<kind> once (sgl: its _C.so compiled against this torch), checked to import;
   # prints that folder (put it first on PYTHONPATH), or fails with the reason on stderr

@@ -12,7 +12,6 @@ import torch
 
 from dsv4spec import cli
 from dsv4spec.bench import deepgemm, sglang_mhc, vllm_kernels
-from dsv4spec.integrations.sglang.source import sglang_root
 from dsv4spec.integrations.vllm.source import (
     SOURCE_VERSIONS,
     SRC_ENV,
@@ -20,8 +19,6 @@ from dsv4spec.integrations.vllm.source import (
     vllm_file,
     vllm_version,
 )
-
-from .conftest import ours_to_drop
 
 
 class Called(Exception):
@@ -124,22 +121,6 @@ def test_gemm_path_follows_the_engines_thresholds():
     assert sglang_mhc.sglang_kernels("post_pre", 32, 7168, deep_gemm=True).startswith("fma")
 
 
-@pytest.fixture
-def sglang_modules():
-    if sglang_root() is None:
-        pytest.skip("SGLang's source is not installed (`make setup` installs sglang==0.5.23)")
-    before = set(sys.modules)
-    saved = {n: sys.modules.pop(n) for n in list(sys.modules)
-             if n == "sglang" or n.startswith("sglang.")}
-    try:
-        yield
-    finally:
-        for name in set(sys.modules) - before:
-            if ours_to_drop(name):
-                del sys.modules[name]
-        sys.modules.update(saved)
-
-
 def _mhc_inputs(T: int, H: int = 256):
     g = torch.Generator().manual_seed(T)
     return {"x": torch.randn(T, H, generator=g).bfloat16(),
@@ -149,11 +130,11 @@ def _mhc_inputs(T: int, H: int = 256):
             "base": torch.randn(24, generator=g)}
 
 
-def test_sglang_peer_runs_deepgemms_gemm_where_given(sglang_modules, installed, hopper,
-                                                      monkeypatch):
+def test_sglang_peer_runs_deepgemms_gemm_where_given(sgl_mhc, installed, hopper, monkeypatch):
     monkeypatch.delenv("SGLANG_DEEPGEMM_PDL", raising=False)
-    peer = sglang_mhc.load_sglang_mhc(installed)
-    assert peer._use_deep_gemm_hc_prenorm() and installed.pdl == [True]
+    assert not sgl_mhc._use_deep_gemm_hc_prenorm()
+    peer = sglang_mhc.load_sglang_mhc(installed)  # the same file, DeepGEMM switched on
+    assert peer is sgl_mhc and peer._use_deep_gemm_hc_prenorm() and installed.pdl == [True]
     t = _mhc_inputs(5)
     with pytest.raises(Called) as called:  # mhc_pre, at any token count
         peer.mhc_pre(t["residual"], t["fn"], t["scale"], t["base"], 1e-6, 1e-6, 1e-6, 2.0, 20)
