@@ -86,6 +86,12 @@ sgl_bundle() {
     -d "$tmp/sgl/whl"
   unzip -q -o "$tmp"/sgl/whl/sgl_deep_gemm-*.whl 'deep_gemm/*' -d "$site"
   rm -f "$site/deep_gemm/_C.so"  # built on the device, against the torch there
+  # elfutils' headers, which deep_jit's exception.hpp includes (libdw itself is dlopen'ed): the
+  # GPU image has no libdw-dev, so they travel (deepgemm_build.py puts them on CPATH)
+  ( cd "$tmp/sgl" && apt-get download -q libdw-dev libelf-dev >/dev/null 2>&1 ) \
+    || echo "sgl: apt-get download libdw-dev libelf-dev failed: the build needs elfutils' headers" >&2
+  for deb in "$tmp"/sgl/*.deb; do [ -f "$deb" ] && dpkg -x "$deb" "$tmp/sgl/deb"; done
+  [ -d "$tmp/sgl/deb/usr/include/elfutils" ] && cp -r "$tmp/sgl/deb/usr/include" "$site/include-extra"
   local version
   version=$(cat "$site/deep_gemm/VERSION")
   [ "$version" = "$SGL_DEEP_GEMM" ] || { echo "sgl: the wheel says $version" >&2; exit 1; }

@@ -4,8 +4,10 @@ absent), so the failure, if any, is a compiler log rather than an import error.
 
     python scripts/deepgemm_build.py [--dry-run] SITE
 
-SITE holds ``deep_gemm/`` (the wheel's package without ``_C.so``) and ``csrc/`` (the release's
-sources): ``scripts/deepgemm-bundle.sh sgl`` builds it. ``--dry-run`` prints the command and checks
+SITE holds ``deep_gemm/`` (the wheel's package without ``_C.so``), ``csrc/`` (the release's
+sources) and ``include-extra/`` (elfutils' headers, put on CPATH: deep_jit includes
+``elfutils/libdwfl.h``): ``scripts/deepgemm-bundle.sh sgl`` builds it. The release needs a C++20
+compiler with ``<format>`` (GCC 13 or newer). ``--dry-run`` prints the command and checks
 that the source and every include folder it names exist (CUDA's only where a toolkit is
 found), without compiling; it needs torch, not a GPU. ``build_ext.py`` is loaded by path, so
 ``deep_gemm`` itself is never imported here.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,11 +38,16 @@ def load(path: Path, name: str):
 
 
 def cuda_home() -> str | None:
-    """The toolkit build_ext.py would use (cuda_helpers.find_cuda_home's rule), or None."""
+    """The toolkit build_ext.py would use: CUDA_HOME or CUDA_PATH, else where nvcc says it is
+    (its ``--dryrun`` TOP: a link or wrapper script on PATH hides the toolkit from
+    cuda_helpers.find_cuda_home's grandparent-folder rule), else /usr/local/cuda; None if absent."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home is None:
-        nvcc = shutil.which("nvcc")
-        home = str(Path(nvcc).parent.parent) if nvcc else "/usr/local/cuda"
+    if home is None and shutil.which("nvcc"):
+        dry = subprocess.run(["nvcc", "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True)
+        top = re.search(r"^#\$ TOP=(.*)$", dry.stdout + dry.stderr, re.M)
+        home = os.path.realpath(top[1]) if top else None
+    home = home or "/usr/local/cuda"
     return home if os.path.isdir(home) else None
 
 
@@ -48,9 +56,22 @@ def command(site: Path, cuda: str) -> list[str]:
     return build_ext.get_compile_command(str(site), str(site / "deep_gemm" / "_C.so"), cuda)
 
 
+def compiler_major(cxx: str) -> int | None:
+    try:
+        out = subprocess.run([cxx, "-dumpversion"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    return int(out.split(".")[0]) if out.strip() else None
+
+
 def problems(cmd: list[str], site: Path, cuda_found: bool) -> list[str]:
     """What the command names that is missing (CUDA's folders only where a toolkit was found)."""
     out = []
+    major = compiler_major(cmd[0])
+    if major is None or (("g++" in cmd[0] or cmd[0] == "c++") and major < 13):
+        out.append(f"{cmd[0]} {major}: the release needs <format> (GCC 13 or newer)")
+    if not (site / "include-extra" / "elfutils" / "libdwfl.h").is_file():
+        out.append(f"no elfutils headers in {site / 'include-extra'} (libdw-dev)")
     sources = [a for a in cmd if a.endswith(".cpp")]
     if len(sources) != 1:
         out.append(f"expected one .cpp source, got {sources}")
@@ -79,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"deepgemm_build: {site} holds no deep_gemm/build_ext.py", file=sys.stderr)
         return 2
     cuda = cuda_home()
+    if cuda is not None:
+        os.environ.setdefault("CUDA_HOME", cuda)  # the kernels' JIT finds the same toolkit
+    extra = site / "include-extra"
+    if extra.is_dir():
+        os.environ["CPATH"] = os.pathsep.join(filter(None, (str(extra), os.environ.get("CPATH"))))
+        print(f"[deepgemm_build] CPATH={os.environ['CPATH']}")
     cmd = command(site, cuda or "/usr/local/cuda")
     print("[deepgemm_build] " + shlex.join(cmd), flush=True)
     found = problems(cmd, site, cuda is not None)
