@@ -28,6 +28,8 @@ export PYTHONPATH=$P
 
 environment "$OUT"
 step "DeepGEMM set-up"
+cuda_home  # here, not inside deepgemm_setup's subshell: every later step's JIT needs it
+echo "CUDA_HOME=$CUDA_HOME"
 declare -A DG
 for kind in sgl vllm; do
   [ -f ".device/deepgemm_$kind.tar.xz" ] || continue

@@ -25,14 +25,16 @@ engine_bundles() {  # TileLang (.device-tl) and SGLang's files (.device-sg) unpa
   [ -e /tmp/tl/.done ] && P=/tmp/tl:$P
   return 0
 }
+cuda_home() {  # export CUDA_HOME where unset: DeepGEMM's build and its kernels' JIT take it, else
+  # nvcc's grandparent folder, which a link or wrapper (/usr/local/bin/nvcc) gets wrong
+  [ -n "${CUDA_HOME:-}" ] || export CUDA_HOME=$(realpath "$(nvcc --dryrun -c -x cu /dev/null \
+    -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)")
+}
 deepgemm_setup() {  # deepgemm_setup vllm|sgl: .device/deepgemm_<kind>.tar.xz unpacked into
   # /tmp/deepgemm-<kind> once (sgl: its _C.so compiled against this torch), checked to import;
   # prints that folder (put it first on PYTHONPATH), or fails with the reason on stderr
   local dir=/tmp/deepgemm-$1
-  # DeepGEMM's build and its kernels' JIT find the toolkit as CUDA_HOME, else nvcc's grandparent
-  # folder, which a link or wrapper (/usr/local/bin/nvcc) gets wrong: nvcc says where it is
-  [ -n "${CUDA_HOME:-}" ] || export CUDA_HOME=$(realpath "$(nvcc --dryrun -c -x cu /dev/null \
-    -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)")
+  cuda_home
   unpack ".device/deepgemm_$1.tar.xz" "$dir"
   [ -e "$dir/.done" ] || { echo "deepgemm $1: no .device/deepgemm_$1.tar.xz (scripts/deepgemm-bundle.sh $1)" >&2; return 1; }
   if [ "$1" = sgl ] && [ ! -f "$dir/deep_gemm/_C.so" ]; then
