@@ -37,6 +37,7 @@ for kind in sgl vllm; do
 done
 cat "$OUT/deepgemm_setup.log" 2>/dev/null | tail -20
 echo "usable: ${!DG[*]}"
+[ ${#DG[@]} -gt 0 ] || { echo "no carried DeepGEMM imports here (see deepgemm_setup.log)"; status=1; }
 # SGLang's peer: its own pin where it built, else vLLM's DeepGEMM (same sm90 kernel source)
 SGL_DG=${DG[sgl]:-${DG[vllm]:-}}
 VLLM_DG=${DG[vllm]:-}
