@@ -30,7 +30,7 @@ environment "$OUT"
 step "DeepGEMM set-up"
 cuda_home  # here, not inside deepgemm_setup's subshell: every later step's JIT needs it
 echo "CUDA_HOME=$CUDA_HOME"
-declare -A DG
+declare -A DG=()
 for kind in sgl vllm; do
   [ -f ".device/deepgemm_$kind.tar.xz" ] || continue
   dir=$(deepgemm_setup $kind 2>>"$OUT/deepgemm_setup.log") && DG[$kind]=$dir
