@@ -63,8 +63,10 @@ for s in $STEPS; do
       dg=$([ "$engine" = sglang ] && echo "$SGL_DG" || echo "$VLLM_DG")
       [ -n "$dg" ] || { echo "$s: no DeepGEMM set up"; status=1; continue; }
       step "dsv4spec tune --engine $engine --deepgemm on"
-      # 9.5 minutes at most: an interrupted run resumes from its .partial in OUT_DIR/tables
-      PYTHONPATH=$dg:$P timeout 570 $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
+      # stopped before the call's 10 minutes (CALL_SECONDS, counted from this script's start),
+      # its points kept in OUT_DIR/tables/*.partial
+      left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
+      PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
         --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
         | tee "$OUT/tune_$engine.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

@@ -37,7 +37,7 @@ def sglang_splits(T: int, K: int) -> int:
 
 
 @pytest.mark.parametrize("H", [4096, 7168])
-@pytest.mark.parametrize("T", [1, 9, 16, 33, 256, 4096])
+@pytest.mark.parametrize("T", [1, 16, 33, 4096])
 def test_tf32_hc_prenorm_gemm_matches_float64(deep_gemm, T, H):
     K = HC * H
     g = torch.Generator(device="cuda").manual_seed(T + H)
@@ -48,7 +48,8 @@ def test_tf32_hc_prenorm_gemm_matches_float64(deep_gemm, T, H):
     # TF32 keeps 10 mantissa bits of fn (x, bf16, is exact): each product within 2^-11, each sum
     # in fp32; bounded against the sum of magnitudes, not the (cancelling) result
     scale = x.double().abs() @ fn.double().abs().T
-    for splits in sorted({1, 4, 16, sglang_splits(T, K)}):
+    # one kernel is JIT-compiled per split count: SGLang's, and two of vLLM's buckets {1, 4, 16}
+    for splits in sorted({1, 16, sglang_splits(T, K)}):
         out = torch.full((splits, T, MIX), float("nan"), device="cuda")
         sqrsum = torch.full((splits, T), float("nan"), device="cuda")
         deep_gemm.tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=splits)
