@@ -21,11 +21,7 @@ STEPS=${*:-vllm034 vllm033 precompile dspark tune tests tests-vllm}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 . scripts/gpu_lib.sh
-for b in .device-tl/tilelang_*.tar.xz; do unpack "$b" /tmp/tl; done
-unpack .device-sg/sglang_subset.tar.xz /tmp/sg
-[ -e /tmp/sg/.done ] && export DSV4SPEC_SGLANG_ROOT=/tmp/sg
-P=$PWD/src
-[ -e /tmp/tl/.done ] && P=/tmp/tl:$P
+engine_bundles
 if [ "${TRITON38:-0}" = 1 ]; then
   for b in .device/triton38_*.tar.xz; do unpack "$b" /tmp/t38; done
   sed -i '/amd/d' /tmp/t38/triton-*.dist-info/entry_points.txt 2>/dev/null

@@ -15,6 +15,14 @@ residual, the layer input within 2 ulps). Candidates, where they differ from the
 without programmatic dependent launches. A dash in the table: the same tiling as a column to
 its left.
 
+``--norm-weight bfloat16`` gives the RMSNorm a bf16 weight (DSV4's, and the one ``bench stack``
+and ``tune`` time) instead of fp32; ``--via-op`` calls ``dsv4spec.ops.mhc_post_pre`` (the planned
+tiling alone: the op takes no overrides) and lets it allocate the outputs, as those benchmarks
+do, instead of the kernels' function writing into preallocated outputs. Either one names the files
+``mhc_triton38_ab_<weight>[_op]``: the four runs isolate which of the two makes the 16-token
+boundary slower under 3.8 with the benchmarks' inputs (benchmarks/results/triton38/
+boundary_9_16_tokens.md).
+
 ``--interpret`` (with TRITON_INTERPRET=1, on a CPU): the correctness part alone at a tiny
 width, no timing.
 """
@@ -28,6 +36,7 @@ import time
 import torch
 import triton
 
+from dsv4spec import ops
 from dsv4spec.kernels import mhc as K
 from dsv4spec.kernels.mhc import mhc_post_pre_triton, mhc_pre_triton
 from dsv4spec.ops import mhc_post_reference, mhc_pre_reference
@@ -50,13 +59,13 @@ def candidates(T: int) -> dict:
     return out
 
 
-def make_inputs(T, H, device, seed):
+def make_inputs(T, H, device, seed, weight_dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, 4, H, generator=g).to(device=device, dtype=torch.bfloat16)
     fn = (torch.randn(24, 4 * H, generator=g) * (4 * H) ** -0.5).to(device)
     scale = (torch.rand(3, generator=g) + 0.5).to(device)
     base = torch.randn(24, generator=g).to(device)
-    norm_weight = (torch.rand(H, generator=g) + 0.5).to(device)
+    norm_weight = (torch.rand(H, generator=g) + 0.5).to(device=device, dtype=weight_dtype)
     f = torch.randn(T, H, generator=g).to(device=device, dtype=torch.bfloat16)
     return x, fn, scale, base, norm_weight, f
 
@@ -96,7 +105,15 @@ def main() -> int:
     ap.add_argument("--interpret", action="store_true",
                     help="correctness only, tiny width, on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--rep", type=int, default=10, help="do_bench_cudagraph's rep (ms)")
+    ap.add_argument("--norm-weight", choices=("float32", "bfloat16"), default="float32",
+                    help="the RMSNorm weight's dtype (DSV4's and the benchmarks' is bfloat16)")
+    ap.add_argument("--via-op", action="store_true",
+                    help="call dsv4spec.ops.mhc_post_pre, outputs allocated per call")
     args = ap.parse_args()
+    weight_dtype = getattr(torch, args.norm_weight)
+    stem = "mhc_triton38_ab" + (
+        "" if args.norm_weight == "float32" and not args.via_op
+        else f"_{args.norm_weight}" + ("_op" if args.via_op else ""))
     interpret = args.interpret
     if interpret and os.environ.get("TRITON_INTERPRET") != "1":
         ap.error("--interpret needs TRITON_INTERPRET=1")
@@ -109,12 +126,15 @@ def main() -> int:
     rows, failures = [], []
     for H in widths:
         for T in tokens:
-            x, fn, sc, base, nw, f = make_inputs(T, H, device, seed=1000 * T + H)
+            x, fn, sc, base, nw, f = make_inputs(T, H, device, seed=1000 * T + H,
+                                                 weight_dtype=weight_dtype)
             kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
             pargs = (EPS["rms_eps"], EPS["hc_eps"], ITERS, 2.0, nw, 1e-6)
             post, comb, _ = mhc_pre_triton(x, fn, sc, base, *pargs)
             seen = {}
             for name, ov in candidates(T).items():
+                if args.via_op and ov:  # the op takes no tiling: its plan alone
+                    continue
                 cfg = K.plan(T, H, device_index, dtype=torch.bfloat16, boundary=True, **ov)
                 if cfg in seen:  # the same tiling as an earlier name
                     continue
@@ -125,6 +145,13 @@ def main() -> int:
                 def call(ov=ov, out=out):
                     return mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *pargs, out=out,
                                                **ov)
+
+                if args.via_op:
+                    def call(out=out):  # noqa: F811 - the benchmarks' way in
+                        got = ops.mhc_post_pre(f, x, post, comb, fn, sc, base, **kw)
+                        for o, g in zip(out, got):  # the last replay's outputs, for the check
+                            o.copy_(g)
+                        return got
 
                 got = call()
                 if not interpret:
@@ -151,14 +178,16 @@ def main() -> int:
                       + (" WRONG" if row["errors"] else " ok"), flush=True)
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "device": "interpreter" if interpret else torch.cuda.get_device_name(),
-            "rep_ms": args.rep, "seconds": round(time.time() - start, 1)}
+            "rep_ms": args.rep, "seconds": round(time.time() - start, 1),
+            "norm_weight": args.norm_weight, "via_op": args.via_op}
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
-        with open(os.path.join(args.out_dir, "mhc_triton38_ab.json"), "w") as fh:
+        with open(os.path.join(args.out_dir, f"{stem}.json"), "w") as fh:
             json.dump({"meta": meta, "rows": rows, "failures": failures}, fh, indent=1)
         names = ["planned", "tile8", "tile4", "warps8", "no_pdl"]
         lines = [f"# mhc_post_pre, CUDA graph median (us): torch {meta['torch']}, Triton "
-                 f"{meta['triton']}, {meta['device']}", "",
+                 f"{meta['triton']}, {meta['device']}; norm weight {args.norm_weight}"
+                 + (", through dsv4spec.ops.mhc_post_pre" if args.via_op else ""), "",
                  "| H | T | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
         for H in widths:
             for T in tokens:
@@ -170,7 +199,7 @@ def main() -> int:
                 lines.append(f"| {H} | {T} | " + " | ".join(cells) + " |")
         lines += ["", "- (a dash: the same tiling as a column to its left, or not a candidate)"]
         lines += [f"- FAILURE {s}" for s in failures]
-        with open(os.path.join(args.out_dir, "mhc_triton38_ab.md"), "w") as fh:
+        with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as fh:
             fh.write("\n".join(lines) + "\n")
         print("\n".join(lines))
     print(json.dumps(meta))

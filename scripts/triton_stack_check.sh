@@ -13,7 +13,8 @@
 #   tests38        pytest -m gpu tests/ops tests/kernels under 3.8
 #   cached36       the cached-launch GPU tests under 3.6 (the direct launch's 3.6 layout)
 #   stack          bench stack under 3.6 and 3.8, then the two side by side
-#   ab             scripts/mhc_triton38_ab.py under 3.8 (the boundary's tilings at decode sizes)
+#   ab             scripts/mhc_triton38_ab.py under 3.8 (the boundary's tilings at decode sizes),
+#                  with fp32 and bf16 norm weights, through the kernels' function and the op
 #   integrations38 pytest -m gpu tests/integrations under 3.8
 #   sanitizer38    compute-sanitizer memcheck under 3.8: bench stack --check-only (mHC, hc_head,
 #                  rollback) and the metadata builders' GPU tests
@@ -67,9 +68,14 @@ for s in $STEPS; do
       PYTHONPATH=$T36 $PY -m dsv4spec.cli bench stack --out "$OUT" --name stack_triton3.6_vs_3.8 \
         --compare "$OUT/stack_triton3.6.json" "$OUT/stack_triton3.8.json" > /dev/null || status=1 ;;
     ab)
-      step "mhc_triton38_ab.py (Triton 3.8)"
-      PYTHONPATH=$T38 $PY scripts/mhc_triton38_ab.py "$OUT" 2>&1 | tee "$OUT/mhc_ab_triton38.log" | tail -30
-      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+      # fp32 and bf16 norm weights, through the kernels' function and through the op (as bench
+      # stack and tune call it): which of the two makes the 16-token boundary slower
+      for opts in "" "--norm-weight bfloat16" "--via-op" "--norm-weight bfloat16 --via-op"; do
+        step "mhc_triton38_ab.py $opts (Triton 3.8)"
+        PYTHONPATH=$T38 $PY scripts/mhc_triton38_ab.py "$OUT" $opts 2>&1 \
+          | tee -a "$OUT/mhc_ab_triton38.log" | tail -16
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      done ;;
     integrations38)
       step "pytest -m gpu tests/integrations (Triton 3.8)"
       PYTHONPATH=$T38 $PY -m pytest -m gpu -q -p no:cacheprovider tests/integrations 2>&1 \

@@ -16,11 +16,12 @@ per call of back-to-back eager calls with one synchronize at the end (all provid
 interleaved). The floor is the compulsory bytes (inputs read once, outputs written once) over the
 measured copy bandwidth; in a graph the inputs stay L2-resident across replays while they fit in
 the 60 MB L2 (the smaller T), so a call can beat the floor there. SGLang 0.5.23's
-``mhc.py`` is its own file loaded by path (see ``dsv4spec.bench.sglang_mhc``), with DeepGEMM
-off, so its large-batch pre-norm GEMM is its TileLang one; its TileLang kernels compile at their
-first call (``first_call_ms``). vLLM 0.33.0's ``tilelang.py`` (``mhc_pre_tilelang``,
-``mhc_post_tilelang``, ``mhc_fused_post_pre_tilelang``) runs the same way from its source (see
-``dsv4spec.bench.vllm_kernels``), DeepGEMM likewise off.
+``mhc.py`` is its own file loaded by path (see ``dsv4spec.bench.sglang_mhc``); its TileLang
+kernels compile at their first call (``first_call_ms``). vLLM 0.33.0's ``tilelang.py``
+(``mhc_pre_tilelang``, ``mhc_post_tilelang``, ``mhc_fused_post_pre_tilelang``) runs the same way
+from its source (see ``dsv4spec.bench.vllm_kernels``). Both engines' pre-norm GEMM is DeepGEMM's
+where ``--deepgemm`` (default: where ``deep_gemm`` imports, as the engines decide) gives them
+one, else their TileLang GEMM: each engine row's ``path`` and the record's ``deep_gemm`` say which.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import traceback
 
 import torch
 
-from dsv4spec.bench import common, sglang_mhc, vllm_kernels
+from dsv4spec.bench import common, deepgemm, sglang_mhc, vllm_kernels
 from dsv4spec.model import mhc as ref_mhc
 
 HC = 4
@@ -61,7 +62,7 @@ COLUMNS = [
 PROVIDER_COLUMNS = [
     "op", "H", "T", "provider", "graph_us", "graph_p20_us", "graph_p80_us", "eager_us",
     "eager_p20_us", "eager_p80_us", "kernels", "bytes", "floor_us", "pct_floor", "max_err",
-    "first_call_ms",
+    "first_call_ms", "path",
 ]
 
 
@@ -77,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "boundaries fuse it, the default)")
     parser.add_argument("--name", default=None,
                         help="results file stem (default: mhc, or mhc_quick with --quick)")
+    deepgemm.add_argument(parser)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,13 +264,15 @@ def check(provider: str, errs: dict[str, float]) -> None:
 # Derived columns, the wide table, the plot
 
 
-def wide_rows(rows: list[dict]) -> list[dict]:
-    """One row per (op, H, T) with the providers side by side."""
+def wide_rows(rows: list[dict], deep_gemm: bool = False) -> list[dict]:
+    """One row per (op, H, T) with the providers side by side (SGLang's kernels those it
+    launches with DeepGEMM's pre-norm GEMM where ``deep_gemm``)."""
     out = {}
     for r in rows:
         w = out.setdefault((r["op"], r["H"], r["T"]), {
             "op": r["op"], "H": r["H"], "T": r["T"], "floor_us": r["floor_us"],
-            "sglang_kernels": sglang_mhc.sglang_kernels(r["op"], r["T"], r["H"])})
+            "sglang_kernels": sglang_mhc.sglang_kernels(r["op"], r["T"], r["H"],
+                                                        deep_gemm=deep_gemm)})
         for k in ("graph_us", "eager_us"):
             if r.get(k) is not None:
                 w[f"{r['provider']}_{k}"] = r[k]
@@ -348,7 +352,8 @@ def write(args, name: str, record: dict, rows: list[dict], failures: list[str],
              "`ours_vs_vllm` > 1: ours faster. "
              + (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ")
              + (f"\n\nFailures: {'; '.join(failures)}" if failures else ""))
-    paths = common.write_results(args.out, name, payload, wide_rows(rows), COLUMNS, notes=notes)
+    wide = wide_rows(rows, record["deep_gemm"] != "off")
+    paths = common.write_results(args.out, name, payload, wide, COLUMNS, notes=notes)
     with open(paths[1], "a") as md:
         md.write("\nPer provider (kernels launched per call; max error relative to the "
                  "reference's largest value; first call includes TileLang's compile):\n\n"
@@ -371,8 +376,11 @@ def main(args: argparse.Namespace) -> int:
     print(f"{env['device']}: empty kernel {floor['empty_kernel_graph_us']:.2f} µs in a graph, "
           f"{floor['empty_kernel_eager_us']:.2f} µs eager; copy {copy_bw / 1e12:.2f} TB/s",
           flush=True)
-    peer = sglang_mhc.sglang_mhc_peer() if "sglang" in args.providers else None
-    vllm_peer = vllm_kernels.vllm_mhc_peer() if "vllm" in args.providers else None
+    engines = {"sglang", "vllm"} & set(args.providers)
+    dg = deepgemm.resolve(args.deepgemm) if engines else None
+    peer = sglang_mhc.sglang_mhc_peer(dg) if "sglang" in args.providers else None
+    vllm_peer = vllm_kernels.vllm_mhc_peer(dg) if "vllm" in args.providers else None
+    print(f"engines' pre-norm GEMM: {deepgemm.describe(dg)} (--deepgemm {args.deepgemm})")
     ours = ours_functions() if "ours" in args.providers else {}
     missing = [OURS_NAMES[op] for op in args.ops if op not in ours]
     if "ours" in args.providers and missing:
@@ -385,7 +393,7 @@ def main(args: argparse.Namespace) -> int:
     env["ours"] = ", ".join(f"{op}={getattr(f, '__module__', '?')}.{f.__name__}"
                             for op, f in ours.items()) or "absent"
     record = {"environment": env, "launch_floor": floor, "copy_bandwidth_Bps": copy_bw,
-              "norm_fused": norm}
+              "norm_fused": norm, "deep_gemm": deepgemm.describe(dg)}
     rows, failures = [], []
     for op in args.ops:
         for H in args.widths:
@@ -435,7 +443,9 @@ def main(args: argparse.Namespace) -> int:
                         "floor_us": nbytes / copy_bw * 1e6,
                         "pct_floor": 100 * nbytes / copy_bw * 1e6 / timing["median_us"],
                         "max_err": max(errs.values()), "errors": errs,
-                        "first_call_ms": first_ms})
+                        "first_call_ms": first_ms,
+                        "path": (deepgemm.gemm_path(op, T, dg is not None)
+                                 if provider in ("sglang", "vllm") else None)})
                 try:
                     eager = common.time_eager_side_by_side(fns, repeats=repeats) if fns else {}
                 except Exception as err:  # noqa: BLE001
@@ -465,7 +475,7 @@ def main(args: argparse.Namespace) -> int:
             r["kernels"] = common.count_kernels(fn)
         except Exception as err:  # noqa: BLE001
             r["kernels"] = f"? ({type(err).__name__})"
-    common.print_table(wide_rows(rows), COLUMNS)
+    common.print_table(wide_rows(rows, dg is not None), COLUMNS)
     paths = write(args, name, record, rows, failures)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -8,9 +8,13 @@ with its defaults, then executes SGLang's file unchanged:
 - ``sglang.srt.environ`` is SGLang's own ``environ.py`` (standard library only), so every flag
   has SGLang's default (``SGLANG_OPT_USE_TILELANG_MHC_PRE/POST`` on, ``SGLANG_USE_AITER`` off)
   and an environment variable set by the caller still overrides it, as in a server;
-- DeepGEMM is off (``ENABLE_JIT_DEEPGEMM = False``): ``SGLANG_OPT_DEEPGEMM_HC_PRENORM`` keeps its
-  default (on) but its pre-norm GEMM is not installed, so ``mhc_pre`` and the large-batch branch
-  of ``mhc_fused_post_pre`` take SGLang's TileLang GEMM instead;
+- DeepGEMM as the caller chooses (:mod:`dsv4spec.bench.deepgemm`): with a ``deep_gemm`` module
+  given, ``ENABLE_JIT_DEEPGEMM`` is True and ``sglang.srt.layers.deep_gemm_wrapper.entrypoint``'s
+  ``tf32_hc_prenorm_gemm`` hands the call to that module as SGLang's wrapper does, so
+  ``SGLANG_OPT_DEEPGEMM_HC_PRENORM`` (default on) sends ``mhc_pre`` and the large-batch branch of
+  ``mhc_fused_post_pre`` to DeepGEMM's ``tf32_hc_prenorm_gemm``, with DeepGEMM's PDL on where
+  ``SGLANG_DEEPGEMM_PDL`` (default on) says so, as SGLang's model runner sets it; without one,
+  ``ENABLE_JIT_DEEPGEMM`` is False and both take SGLang's TileLang GEMM;
 - one process, one GPU: ``use_symmetric_memory`` is a null context (SGLang returns one when the
   tensor-parallel group has one rank), no DSA context parallelism, no DP attention;
 - CUDA, not ROCm: ``is_hip`` / ``is_gfx95_supported`` / ``is_gfx1250_supported`` are False;
@@ -31,6 +35,7 @@ imports the function from this file on first use) for every token count; the mod
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -40,10 +45,12 @@ from dsv4spec.integrations.sglang.source import load_sglang_module, sglang_file,
 from dsv4spec.integrations.source import link_to_parent, stand_in_package
 
 __all__ = ["CALL_SITES", "install_stubs", "load_sglang_mhc", "sglang_kernels",
-           "sglang_mhc_peer", "sglang_version"]
+           "sglang_mhc_peer", "sglang_version", "use_deep_gemm"]
 
 MHC_FILE = "kernels/ops/layernorm/mhc.py"
 ENVIRON_FILE = "srt/environ.py"
+CONFIGURER = "sglang.srt.layers.deep_gemm_wrapper.configurer"
+ENTRYPOINT = "sglang.srt.layers.deep_gemm_wrapper.entrypoint"
 # mhc_fused_post_pre: the one-launch TileLang FMA kernel up to this many tokens, SGLang's
 # ``fma_token_threshold``; above it mhc_post + the pre-norm GEMM + big_fuse.
 FUSED_FMA_MAX_TOKENS = 32
@@ -136,8 +143,44 @@ def _stub_attributes() -> dict[str, dict[str, object]]:
             "is_sm120_supported": lambda: _capability() == (12, 0),
         },
         "sglang.srt.utils.common": {"is_gfx1250_supported": lambda: False},
-        "sglang.srt.layers.deep_gemm_wrapper.configurer": {"ENABLE_JIT_DEEPGEMM": False},
+        CONFIGURER: {"ENABLE_JIT_DEEPGEMM": False},
+        ENTRYPOINT: {"tf32_hc_prenorm_gemm": _no_deep_gemm},
     }
+
+
+def _no_deep_gemm(*args, **kwargs):
+    raise RuntimeError("DeepGEMM is off in dsv4spec's loading of SGLang's mhc.py")
+
+
+def _deep_gemm_entrypoint(module: ModuleType):
+    """``entrypoint.tf32_hc_prenorm_gemm`` handing the call to ``module`` as SGLang's does."""
+
+    def tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits):
+        if x.shape[0] == 0:
+            return
+        module.tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=num_splits)
+
+    return tf32_hc_prenorm_gemm
+
+
+def use_deep_gemm(deep_gemm: ModuleType | None) -> None:
+    """Point the DeepGEMM stand-ins at ``deep_gemm`` (None: DeepGEMM off). Only dsv4spec's
+    stand-ins change (a real SGLang in ``sys.modules`` is left alone); SGLang's file reads
+    them at each call. With a module, DeepGEMM's PDL and JIT compiler follow SGLang's
+    ``SGLANG_DEEPGEMM_PDL`` and ``SGLANG_DG_USE_NVRTC``, as a server sets them."""
+    configurer, entrypoint = sys.modules.get(CONFIGURER), sys.modules.get(ENTRYPOINT)
+    if any(m is None or getattr(m, "__file__", None) is not None
+           for m in (configurer, entrypoint)):
+        return
+    configurer.ENABLE_JIT_DEEPGEMM = deep_gemm is not None
+    entrypoint.tf32_hc_prenorm_gemm = (
+        _no_deep_gemm if deep_gemm is None else _deep_gemm_entrypoint(deep_gemm))
+    if deep_gemm is None:
+        return
+    envs = sys.modules["sglang.srt.environ"].envs
+    os.environ["DG_JIT_USE_NVRTC"] = "1" if envs.SGLANG_DG_USE_NVRTC.get() else "0"
+    if envs.SGLANG_DEEPGEMM_PDL.get() and hasattr(deep_gemm, "set_pdl"):
+        deep_gemm.set_pdl(True)
 
 
 def install_stubs() -> list[str]:
@@ -167,20 +210,23 @@ def install_stubs() -> list[str]:
     return sorted(added)
 
 
-def load_sglang_mhc() -> ModuleType:
-    """SGLang's ``mhc.py`` executed by path over the stand-ins (see the module docstring).
+def load_sglang_mhc(deep_gemm: ModuleType | None = None) -> ModuleType:
+    """SGLang's ``mhc.py`` executed by path over the stand-ins (see the module docstring), its
+    pre-norm GEMM DeepGEMM's from ``deep_gemm`` where given (:func:`use_deep_gemm`), else
+    TileLang's.
 
     Raises ``FileNotFoundError`` when SGLang's source is not found.
     """
     sglang_file(MHC_FILE)  # fail before touching sys.modules
     install_stubs()
+    use_deep_gemm(deep_gemm)
     return load_sglang_module(MHC_FILE)
 
 
-def sglang_mhc_peer() -> ModuleType | None:
+def sglang_mhc_peer(deep_gemm: ModuleType | None = None) -> ModuleType | None:
     """:func:`load_sglang_mhc`, or None with a message (the benchmark then skips the peer)."""
     try:
-        return load_sglang_mhc()
+        return load_sglang_mhc(deep_gemm)
     except (FileNotFoundError, ImportError) as err:
         print(f"sglang peer: skipped, SGLang 0.5.23's mhc.py could not be loaded ({err}); "
               "install the wheel (pip install --no-deps sglang==0.5.23) or set "
@@ -188,9 +234,12 @@ def sglang_mhc_peer() -> ModuleType | None:
         return None
 
 
-def sglang_kernels(op: str, T: int, H: int, hc: int = 4) -> str:
-    """The kernels SGLang 0.5.23 launches for ``op`` at ``T`` tokens (DeepGEMM off, norm on)."""
+def sglang_kernels(op: str, T: int, H: int, hc: int = 4, deep_gemm: bool = False) -> str:
+    """The kernels SGLang 0.5.23 launches for ``op`` at ``T`` tokens (norm on), with DeepGEMM's
+    pre-norm GEMM where ``deep_gemm``."""
     if op == "pre":
+        if deep_gemm:
+            return "tf32_hc_prenorm_gemm+big_fuse_norm"
         gemm = "splitk_gemm" if T <= PRE_SPLITK_MAX_TOKENS else "gemm_sqrsum"
         return f"{gemm}+big_fuse_norm"
     if op == "post":
@@ -201,5 +250,6 @@ def sglang_kernels(op: str, T: int, H: int, hc: int = 4) -> str:
     if op == "post_pre":
         if T <= FUSED_FMA_MAX_TOKENS:
             return "fma_post_gemm+big_fuse_norm"
-        return "post+gemm_sqrsum+big_fuse_norm"
+        gemm = "tf32_hc_prenorm_gemm" if deep_gemm else "gemm_sqrsum"
+        return f"post+{gemm}+big_fuse_norm"
     raise ValueError(op)

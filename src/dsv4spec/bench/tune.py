@@ -43,11 +43,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import triton
 
 from dsv4spec import __version__
+from dsv4spec.bench import deepgemm
 from dsv4spec.integrations import plans, tables
 from dsv4spec.integrations.hooks import Spans
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
@@ -210,6 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="print what would be measured and the time estimate, then exit "
                              "(no GPU needed)")
+    deepgemm.add_argument(parser)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,9 +523,11 @@ def metadata_shapes(rows: int, quick: bool) -> list[tuple[str, int]]:
 class Measure:
     """Loads each peer once; ``point(grid, key, count, quick)`` -> ``{mode: [ours, engine]}``."""
 
-    def __init__(self, device: str = "cuda") -> None:
+    def __init__(self, device: str = "cuda", deep_gemm: ModuleType | None = None) -> None:
         self.device = device
         self._loaded: dict[str, object] = {}
+        # the engines' pre-norm GEMM: DeepGEMM's from this module, or TileLang's where None
+        self.deep_gemm = deep_gemm
 
     def _sync(self) -> None:
         """Wait for the device's work (both providers' checked outputs) before timing."""
@@ -540,7 +545,7 @@ class Measure:
         if group == "mhc":
             from dsv4spec.bench import mhc, sglang_mhc
 
-            peer = sglang_mhc.load_sglang_mhc()
+            peer = sglang_mhc.load_sglang_mhc(self.deep_gemm)
             value = (peer, mhc.ours_functions())
         elif group == "hc_head":
             from dsv4spec.integrations.sglang.source import load_sglang_module
@@ -558,7 +563,7 @@ class Measure:
         elif group == "vllm":
             from dsv4spec.bench.vllm_kernels import vllm_mhc_peer
 
-            value = vllm_mhc_peer()
+            value = vllm_mhc_peer(self.deep_gemm)
             if value is None:
                 raise RuntimeError("vLLM's kernels did not load (vLLM's source, TileLang and "
                                    "a CUDA device are needed: see dsv4spec.bench.vllm_kernels)")
@@ -568,6 +573,10 @@ class Measure:
             value = metadata.load_sglang_expand()
         self._loaded[group] = value
         return value
+
+    def gemm_path(self, hook: str, count: int) -> str:
+        """The engine's pre-norm GEMM at this point: ``"deepgemm"`` or ``"tilelang"``."""
+        return deepgemm.gemm_path(hook, count, self.deep_gemm is not None)
 
     def peer_version(self, group: str) -> str:
         """The version a loaded peer reports (vLLM's kernels), else "unknown"."""
@@ -823,7 +832,14 @@ def main(args: argparse.Namespace) -> int:
         print("dsv4spec tune: error: needs a CUDA GPU (none visible); nothing was written",
               file=sys.stderr)
         return EXIT_USAGE
+    try:
+        engine_gemm = deepgemm.resolve(args.deepgemm)
+    except deepgemm.DeepGemmUnavailable as e:
+        print(f"dsv4spec tune: error: {e}; nothing was written", file=sys.stderr)
+        return EXIT_USAGE
     env = environment()
+    # a partial measured against the other GEMM is not resumed
+    env["deep_gemm"] = deepgemm.describe(engine_gemm)
     out_dir = args.out_dir if args.out_dir is not None else tables.user_dir()
     # one file per stack: the plugins read only tables measured under the Triton they run
     stack = tables.stack_of(env["triton"])
@@ -868,6 +884,9 @@ def main(args: argparse.Namespace) -> int:
           + (f"; resuming with {kept} points already measured in {partial}" if kept else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     measure = Measure()
+    measure.deep_gemm = engine_gemm
+    print(f"{ENGINE_NAMES[args.engine]}'s mHC pre-norm GEMM: {env['deep_gemm']} "
+          f"(--deepgemm {args.deepgemm})")
     measure.prepare(dict.fromkeys(grids[h].group for h in hooks))
     start, done = time.perf_counter(), 0
     sms = env.get("sm_count")

@@ -9,12 +9,20 @@ vLLM does on one NVIDIA GPU:
 
 - ``vllm.platforms.current_platform``: CUDA unless torch is a ROCm build; PDL from compute
   capability 9.0 (vLLM's rule); ``has_device_capability`` from the device;
-- ``vllm.utils.deep_gemm``: DeepGEMM off (``is_deep_gemm_supported() -> False``), so
-  ``mhc_pre_tilelang`` and the large-batch branch of ``mhc_fused_post_pre_tilelang`` run vLLM's
-  TileLang pre-norm GEMM (with DeepGEMM installed, vLLM runs DeepGEMM's there);
+- ``vllm.utils.deep_gemm``: with DeepGEMM off (the default), a stand-in answering
+  ``is_deep_gemm_supported() -> False``, so ``mhc_pre_tilelang`` and the large-batch branch of
+  ``mhc_fused_post_pre_tilelang`` run vLLM's TileLang pre-norm GEMM; with a ``deep_gemm``
+  module given (:mod:`dsv4spec.bench.deepgemm`), vLLM's own ``utils/deep_gemm.py``, executed by
+  path over stand-ins for ``vllm.envs`` (vLLM's defaults, environment overrides honoured),
+  ``vllm.logger`` and ``quant_utils`` (and ``regex`` by the standard ``re`` where the package is
+  absent): it imports ``deep_gemm`` by name as vLLM does (an
+  installed one before the vendored copy), turns DeepGEMM's PDL on, and its
+  ``tf32_hc_prenorm_gemm`` runs there;
 - ``vllm.utils.torch_utils.direct_register_custom_op`` does nothing: DeepSeek-V4's model calls
   the Python functions, not the ``torch.ops.vllm`` registrations;
-- ``vllm.utils.import_utils.has_tilelang``: whether ``tilelang`` is importable.
+- ``vllm.utils.import_utils.has_tilelang`` / ``has_deep_gemm``: whether ``tilelang`` /
+  ``deep_gemm`` imports (vLLM's vendored ``vllm.third_party.deep_gemm`` is never reachable here:
+  ``scripts/deepgemm-bundle.sh`` carries it as ``deep_gemm``).
 
 TileLang is imported by vLLM's ``tilelang_utils`` when the kernels file loads (CUDA only).
 
@@ -38,22 +46,32 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
+import re
 import sys
 from types import ModuleType, SimpleNamespace
 
 import torch
 
 from dsv4spec.integrations.source import link_to_parent, stand_in_package
-from dsv4spec.integrations.vllm.source import SRC_ENV, load_vllm_module, vllm_src, vllm_version
+from dsv4spec.integrations.vllm.source import (
+    SRC_ENV,
+    load_vllm_module,
+    vllm_file,
+    vllm_src,
+    vllm_version,
+)
 
-__all__ = ["KERNELS_FILE", "TILELANG_FILE", "install_stubs", "load_vllm_mhc_kernels",
-           "vllm_mhc_peer"]
+__all__ = ["DEEP_GEMM_FILE", "KERNELS_FILE", "TILELANG_FILE", "install_stubs",
+           "load_vllm_mhc_kernels", "use_deep_gemm", "vllm_mhc_peer"]
 
 TILELANG_FILE = "model_executor/kernels/mhc/tilelang.py"
 KERNELS_FILE = "model_executor/kernels/mhc/tilelang_kernels.py"
 TILELANG_MOD = "vllm.model_executor.kernels.mhc.tilelang"
 KERNELS_MOD = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+DEEP_GEMM_FILE = "utils/deep_gemm.py"
+DEEP_GEMM_MOD = "vllm.utils.deep_gemm"
 # vLLM's own files the kernels file imports, executed by path in this order.
 _HELPERS = (
     ("utils/math_utils.py", "vllm.utils.math_utils"),
@@ -92,30 +110,117 @@ class _Platform:
         major, minor = _capability()
         return major * 10 + minor >= capability
 
+    def is_device_capability(self, capability: int) -> bool:
+        major, minor = _capability()
+        return major * 10 + minor == capability
+
+    def is_device_capability_family(self, capability: int) -> bool:
+        major, minor = _capability()
+        return (major * 10 + minor) // 10 == capability // 10
+
     def support_deep_gemm(self) -> bool:
-        return False
+        """vLLM's CUDA rule: Hopper (9.0) and the Blackwell families."""
+        return (self.is_device_capability(90) or self.is_device_capability_family(100)
+                or self.is_device_capability_family(120))
+
+    def fp8_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn
+
+    simple_compile_backend = "inductor"
 
 
 def _no_deep_gemm(*args, **kwargs):
     raise RuntimeError("DeepGEMM is off in dsv4spec's loading of vLLM's mHC kernels")
 
 
+def _imports(name: str) -> bool:
+    """vLLM's ``_has_module``: ``name`` is found and its import succeeds."""
+    if sys.modules.get(name) is not None:
+        return True
+    try:
+        if importlib.util.find_spec(name) is None:
+            return False
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any failure means unavailable, as in vLLM
+        return False
+    return True
+
+
 def _stub_attributes() -> dict[str, dict[str, object]]:
     return {
         "vllm.platforms": {"current_platform": _Platform()},
         "vllm.utils.import_utils": {
-            "has_tilelang": lambda: importlib.util.find_spec("tilelang") is not None},
+            "has_tilelang": lambda: importlib.util.find_spec("tilelang") is not None,
+            "has_deep_gemm": lambda: _imports("deep_gemm")},
         "vllm.utils.torch_utils": {"direct_register_custom_op": lambda *a, **k: None},
-        "vllm.utils.deep_gemm": {"is_deep_gemm_supported": lambda: False,
-                                 "tf32_hc_prenorm_gemm": _no_deep_gemm},
+        DEEP_GEMM_MOD: {"is_deep_gemm_supported": lambda: False,
+                        "tf32_hc_prenorm_gemm": _no_deep_gemm},
     }
 
 
-def install_stubs() -> list[str]:
-    """Put the stand-ins (and empty parent packages) in ``sys.modules``; return the names
-    added. Names already present (the real package, or other stand-ins) are left alone."""
+def _cache_root() -> str:
+    """``envs.VLLM_CACHE_ROOT`` as vLLM computes it."""
+    default = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vllm")
+    return os.path.expanduser(os.getenv("VLLM_CACHE_ROOT", default))
+
+
+# the ``vllm.envs`` entries ``utils/deep_gemm.py`` reads, each as vLLM's envs.py computes it
+_ENVS = {
+    "VLLM_USE_DEEP_GEMM": lambda: bool(int(os.getenv("VLLM_USE_DEEP_GEMM", "1"))),
+    "VLLM_USE_DEEP_GEMM_E8M0": lambda: bool(int(os.getenv("VLLM_USE_DEEP_GEMM_E8M0", "1"))),
+    "VLLM_CACHE_ROOT": _cache_root,
+}
+
+
+def _envs_getattr(name: str):
+    if name in _ENVS:
+        return _ENVS[name]()
+    raise AttributeError(f"vllm.envs stand-in: {name} is not stood in")
+
+
+class _OnceLogger(logging.LoggerAdapter):
+    """``vllm.logger.logger``'s ``*_once`` methods over a standard logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("vllm"), {})
+        self._seen: set[tuple[str, str]] = set()
+
+    def _once(self, level: int, msg: str, *args) -> None:
+        if (str(level), msg) not in self._seen:
+            self._seen.add((str(level), msg))
+            self.log(level, msg, *args)
+
+    def debug_once(self, msg, *args, **kwargs):
+        self._once(logging.DEBUG, msg, *args)
+
+    def info_once(self, msg, *args, **kwargs):
+        self._once(logging.INFO, msg, *args)
+
+    def warning_once(self, msg, *args, **kwargs):
+        self._once(logging.WARNING, msg, *args)
+
+
+def _fp8_min_max() -> tuple[float, float]:
+    info = torch.finfo(torch.float8_e4m3fn)
+    return info.min, info.max
+
+
+def _deep_gemm_file_stubs() -> dict[str, dict[str, object]]:
+    """What vLLM's ``utils/deep_gemm.py`` imports besides the kernels' stand-ins."""
+    return {
+        "vllm.envs": {"__getattr__": _envs_getattr},
+        "vllm.logger": {"logger": _OnceLogger()},
+        "vllm.model_executor.layers.quantization.utils.quant_utils": {
+            "get_fp8_min_max": _fp8_min_max},
+    }
+
+
+def install_stubs(stubs: dict[str, dict[str, object]] | None = None) -> list[str]:
+    """Put the stand-ins (default: the kernels'; and empty parent packages) in ``sys.modules``;
+    return the names added. Names already present (the real package, or other stand-ins) are
+    left alone."""
     added: list[str] = []
-    for name, attrs in _stub_attributes().items():
+    for name, attrs in (_stub_attributes() if stubs is None else stubs).items():
         parts = name.split(".")
         for i in range(1, len(parts)):
             stand_in_package(".".join(parts[:i]), added)
@@ -138,8 +243,37 @@ def _load(relpath: str, name: str, root) -> ModuleType:
     return module
 
 
+def use_deep_gemm(deep_gemm: ModuleType | None, root: str | os.PathLike | None = None) -> None:
+    """Put at ``vllm.utils.deep_gemm`` vLLM's own ``utils/deep_gemm.py`` run over ``deep_gemm``
+    (registered as ``deep_gemm``, the name vLLM imports), or with None the DeepGEMM-off
+    stand-in. vLLM's mHC functions import from it at each call. Under a real ``vllm`` package
+    nothing changes.
+
+    Raises ``FileNotFoundError`` where the source has no ``utils/deep_gemm.py`` (unpacked before
+    it was needed: run ``make setup`` again).
+    """
+    if getattr(sys.modules.get("vllm"), "__file__", None) is not None:
+        return
+    if deep_gemm is not None:
+        vllm_file(DEEP_GEMM_FILE, root)  # fail before touching sys.modules
+    previous = sys.modules.pop(DEEP_GEMM_MOD, None)
+    parent = sys.modules.get("vllm.utils")
+    if previous is not None and getattr(parent, "deep_gemm", None) is previous:
+        delattr(parent, "deep_gemm")
+    if deep_gemm is None:
+        install_stubs()
+        return
+    sys.modules["deep_gemm"] = deep_gemm
+    if "regex" not in sys.modules and importlib.util.find_spec("regex") is None:
+        # 0.34.0's file imports the regex package for one pattern the standard module reads alike
+        sys.modules["regex"] = re
+    install_stubs(_deep_gemm_file_stubs())
+    _load(DEEP_GEMM_FILE, DEEP_GEMM_MOD, root)
+
+
 def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
-                          kernels: ModuleType | None = None) -> SimpleNamespace:
+                          kernels: ModuleType | None = None,
+                          deep_gemm: ModuleType | None = None) -> SimpleNamespace:
     """vLLM's ``tilelang.py`` executed by path over the stand-ins, with its TileLang kernels.
 
     Parameters
@@ -150,6 +284,9 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
     kernels : module, optional
         Put at ``vllm.model_executor.kernels.mhc.tilelang_kernels`` instead of vLLM's file
         (tests stand TileLang's kernels in with vLLM's torch reference where TileLang is absent).
+    deep_gemm : module, optional
+        The ``deep_gemm`` vLLM's pre-norm GEMM runs (:func:`use_deep_gemm`); None: vLLM's
+        TileLang GEMM.
 
     Returns
     -------
@@ -168,6 +305,7 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
         raise FileNotFoundError(f"vLLM's source not found: run `make setup` or set {SRC_ENV}")
     install_stubs()
     _load(*_HELPERS[0], root)
+    use_deep_gemm(deep_gemm, root)
     if kernels is not None:
         sys.modules[KERNELS_MOD] = kernels
         link_to_parent(KERNELS_MOD)
@@ -184,14 +322,14 @@ def load_vllm_mhc_kernels(root: str | os.PathLike | None = None, *,
             module, "mhc_fused_post_pre_tilelang_reuse_residual", None),
         mhc_pre_broadcast=module.mhc_pre_broadcast_tilelang,
         hc_head=module.hc_head_fused_kernel_tilelang, module=module,
-        kernels=sys.modules[KERNELS_MOD], version=vllm_version())
+        kernels=sys.modules[KERNELS_MOD], version=vllm_version(), deep_gemm=deep_gemm)
 
 
-def vllm_mhc_peer() -> SimpleNamespace | None:
+def vllm_mhc_peer(deep_gemm: ModuleType | None = None) -> SimpleNamespace | None:
     """:func:`load_vllm_mhc_kernels`, or None with a message (a benchmark then skips the peer)."""
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            return load_vllm_mhc_kernels()
+            return load_vllm_mhc_kernels(deep_gemm=deep_gemm)
     except (FileNotFoundError, ImportError) as err:
         print(f"vllm peer: skipped, vLLM's mHC kernels could not be loaded ({err}); run "
               f"`make setup` (unpacks vLLM's source into .vllm-src/) or set {SRC_ENV}, and "

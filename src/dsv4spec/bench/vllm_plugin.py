@@ -41,7 +41,7 @@ import contextlib
 
 import torch
 
-from dsv4spec.bench import common
+from dsv4spec.bench import common, deepgemm
 from dsv4spec.bench.vllm_kernels import vllm_mhc_peer
 from dsv4spec.integrations.hooks import GuardedHook
 from dsv4spec.integrations.vllm import hc_head as hc_head_hooks
@@ -67,7 +67,7 @@ DSPARK_STAGES = 3
 QUICK_TOKENS = (1, 4, 64)
 MODELS = {"DSV4-Flash": "flash-shape", "DSV4-Pro": "pro-shape"}
 COLUMNS = ["op", "H", "T", "vllm_graph_us", "hook_graph_us", "vllm_eager_us", "hook_eager_us",
-           "graph_speedup", "eager_speedup", "served", "vllm_err", "hook_err"]
+           "graph_speedup", "eager_speedup", "served", "vllm_err", "hook_err", "path"]
 STEP_COLUMNS = ["model", "boundary", "drafter", "bs", "k", "verify_T", "vllm_step_us",
                 "plugin_step_us", "saved_us"]
 
@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MTP draft tokens k per step for the per-step sums")
     parser.add_argument("--dspark-block", type=int, default=DSPARK_BLOCK,
                         help="DSpark's block size N (draft rows per request; 0: no DSpark sums)")
+    deepgemm.add_argument(parser)
 
 
 def make_inputs(T: int, H: int, seed: int) -> dict[str, torch.Tensor]:
@@ -199,7 +200,8 @@ def measure(peer, op: str, H: int, T: int, seed: int) -> dict:
             "hook_eager_us": eager["hook"]["median_us"],
             "graph_speedup": graph["vllm"] / graph["hook"],
             "eager_speedup": eager["vllm"]["median_us"] / eager["hook"]["median_us"],
-            "served": served, "vllm_err": vllm_err, "hook_err": hook_err}
+            "served": served, "vllm_err": vllm_err, "hook_err": hook_err,
+            "path": deepgemm.gemm_path(op, T, getattr(peer, "deep_gemm", None) is not None)}
 
 
 def step_calls(layers: int, bs: int, k: int, drafter: str = "mtp",
@@ -265,7 +267,8 @@ def step_rows(rows: list[dict], batches, drafts, dspark_block: int, boundary: st
 
 
 def main(args: argparse.Namespace) -> int:
-    peer = vllm_mhc_peer()
+    dg = deepgemm.resolve(args.deepgemm)
+    peer = vllm_mhc_peer(dg)
     if peer is None:
         return 1
     # 0.34.0's target calls the reuse_residual boundary, 0.33.0's the plain one; with 0.34.0's
@@ -297,10 +300,11 @@ def main(args: argparse.Namespace) -> int:
     if steps:
         common.print_table(steps, STEP_COLUMNS)
     payload = {"environment": {**common.environment(), "vllm": peer.version},
-               "failures": failures, "steps": steps}
-    notes = ("vLLM's TileLang functions by path (DeepGEMM off) vs the plugin's hook with "
-             "dsv4spec's op forced; graph = device us per call in a CUDA graph, eager = host us "
-             "per back-to-back call; served = what the shipped tables choose.")
+               "deep_gemm": deepgemm.describe(dg), "failures": failures, "steps": steps}
+    notes = (f"vLLM's TileLang functions by path (DeepGEMM: {deepgemm.describe(dg)}; path = "
+             "the pre-norm GEMM vLLM's function ran) vs the plugin's hook with dsv4spec's op "
+             "forced; graph = device us per call in a CUDA graph, eager = host us per "
+             "back-to-back call; served = what the shipped tables choose.")
     if steps:
         notes += "\n\n" + common.markdown_table(steps, STEP_COLUMNS)
     for path in common.write_results(args.out, "vllm_plugin", payload, rows, COLUMNS, notes):

@@ -36,6 +36,7 @@ NEEDED = (
     "vllm/model_executor/warmup/jit_warmup_tilelang_helper.py",
     "vllm/tilelang_utils/__init__.py",
     "vllm/utils/math_utils.py",
+    "vllm/utils/deep_gemm.py",  # the DeepGEMM wrappers the mHC functions call where supported
     "vllm/config/vllm.py",  # DSV4's compilation and CUDA-graph defaults
     "vllm/compilation/breakable_cudagraph.py",
     "vllm/plugins/__init__.py",  # how general plugins are loaded

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The engines' mHC peers with DeepGEMM on, as deployed (SGLang 0.5.23 and vLLM run DeepGEMM's
+# tf32_hc_prenorm_gemm in mhc_pre at every token count and in the boundary above 32 tokens), on a
+# GPU machine from a checkout (the image's torch and Triton; results under OUT_DIR):
+#   scripts/deepgemm_gpu.sh OUT_DIR [steps...]     (default: smoke tune-sglang tune-vllm)
+#   smoke        each carried DeepGEMM set up (sgl: _C.so compiled here) and
+#                tests/kernels/test_deepgemm_smoke.py under it: tf32_hc_prenorm_gemm against float64
+#   bench        dsv4spec bench mhc --deepgemm on, pre and post_pre at decode and verify sizes
+#   tune-sglang  dsv4spec tune --engine sglang --deepgemm on for mhc_pre and mhc_fused_post_pre
+#   tune-vllm    dsv4spec tune --engine vllm --deepgemm on for mhc_pre and mhc_fused_post_pre
+# Each tune writes OUT_DIR/tables/<device>.triton<M.m>.json (the two engines in one file) and
+# resumes from its .partial there. Bundles, unpacked into /tmp once: .device/deepgemm_vllm.tar.xz
+# and .device/deepgemm_sgl.tar.xz (scripts/deepgemm-bundle.sh; SGLang's peer runs sgl-deep-gemm
+# where its bundle was carried, else vLLM's DeepGEMM, and its results name which),
+# .device-tl/tilelang_*.tar.xz (TileLang, the engines' pin), .device-sg/sglang_subset.tar.xz
+# (SGLang's Python files). vLLM's source: .vllm-src/0.33.0 (with utils/deep_gemm.py: make setup).
+# Planned for 10-minute calls: smoke + tune-sglang in one, tune-vllm in another (docs/benchmarks.md).
+set -uo pipefail
+OUT=${1:?usage: deepgemm_gpu.sh OUT_DIR [steps...]}
+shift
+STEPS=${*:-smoke tune-sglang tune-vllm}
+mkdir -p "$OUT/tables"
+cd "$(dirname "$0")/.."
+. scripts/gpu_lib.sh
+engine_bundles
+[ -d .vllm-src/0.33.0/vllm ] && export DSV4SPEC_VLLM_SRC=$PWD/.vllm-src/0.33.0
+export PYTHONPATH=$P
+
+environment "$OUT"
+step "DeepGEMM set-up"
+cuda_home  # here, not inside deepgemm_setup's subshell: every later step's JIT needs it
+echo "CUDA_HOME=$CUDA_HOME"
+declare -A DG=()
+for kind in sgl vllm; do
+  [ -f ".device/deepgemm_$kind.tar.xz" ] || continue
+  dir=$(deepgemm_setup $kind 2>>"$OUT/deepgemm_setup.log") && DG[$kind]=$dir
+done
+cat "$OUT/deepgemm_setup.log" 2>/dev/null | tail -20
+echo "usable: ${!DG[*]}"
+[ ${#DG[@]} -gt 0 ] || { echo "no carried DeepGEMM imports here (see deepgemm_setup.log)"; status=1; }
+# SGLang's peer: its own pin where it built, else vLLM's DeepGEMM (same sm90 kernel source)
+SGL_DG=${DG[sgl]:-${DG[vllm]:-}}
+VLLM_DG=${DG[vllm]:-}
+
+for s in $STEPS; do
+  case $s in
+    smoke)
+      for kind in "${!DG[@]}"; do
+        step "pytest -m gpu tests/kernels/test_deepgemm_smoke.py ($kind)"
+        PYTHONPATH=${DG[$kind]}:$P $PY -m pytest -m gpu -q -p no:cacheprovider \
+          tests/kernels/test_deepgemm_smoke.py 2>&1 | tee "$OUT/pytest_deepgemm_$kind.log" | tail -8
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      done ;;
+    bench)
+      [ -n "$SGL_DG" ] || { echo "bench: no DeepGEMM set up"; status=1; continue; }
+      step "dsv4spec bench mhc --deepgemm on"
+      PYTHONPATH=$SGL_DG:$P $PY -m dsv4spec.cli bench mhc --deepgemm on --ops pre post_pre \
+        --providers sglang vllm ours --tokens 1 4 9 16 32 33 64 256 --name mhc_deepgemm \
+        --out "$OUT" 2>&1 | tee "$OUT/bench_mhc_deepgemm.log" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    tune-sglang|tune-vllm)
+      engine=${s#tune-}
+      dg=$([ "$engine" = sglang ] && echo "$SGL_DG" || echo "$VLLM_DG")
+      [ -n "$dg" ] || { echo "$s: no DeepGEMM set up"; status=1; continue; }
+      step "dsv4spec tune --engine $engine --deepgemm on"
+      # stopped before the call's 10 minutes (CALL_SECONDS, counted from this script's start),
+      # its points kept in OUT_DIR/tables/*.partial
+      left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
+      PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
+        --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
+        | tee "$OUT/tune_$engine.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    *) echo "unknown step $s"; status=1 ;;
+  esac
+done
+step done
+exit $status
