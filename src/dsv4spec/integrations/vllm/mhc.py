@@ -30,6 +30,7 @@ from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
     Gate,
+    deep_gemm_cases,
     gpu_architecture,
     measured_faster,
     run_where_measured_faster,
@@ -310,10 +311,9 @@ fast_mhc_fused_post_pre_reuse_residual = fast_mhc_fused_post_pre
 
 
 def _gate(op: str, ours: str) -> Gate:
-    cases = ({"": {}} if DEEP_GEMM_FROM_TOKENS[op] is None else
-             {"DeepGEMM off": {"deep_gemm": False}, "DeepGEMM on": {"deep_gemm": True}})
     return Gate(ops=(ours,), table=TABLES[op], prefers=functools.partial(prefers_dsv4spec, op),
-                cases=cases, note="not under VLLM_BATCH_INVARIANT or torch.compile")
+                cases=deep_gemm_cases(DEEP_GEMM_FROM_TOKENS[op]),
+                note="not under VLLM_BATCH_INVARIANT or torch.compile")
 
 
 # How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec, with
