@@ -454,11 +454,12 @@ def _register() -> list[str]:
             patched += _patch(module)
         elif any(name in BOUND_IN[hook] for hook in _guards):
             _watcher.pending.add(name)
-    if _watcher.pending and _watcher not in sys.meta_path:
+    watching = _watcher.pending and _watcher not in sys.meta_path
+    if watching:
         sys.meta_path.insert(0, _watcher)
     if _verdicts is not None or not _watcher.pending:
         _announce(patched)
-    elif not _announced:
+    elif watching:
         logger.info("dsv4spec vLLM plugin registered: its hooks are decided when vLLM imports "
                     "DeepSeek-V4 (%s)", ", ".join(sorted(_watcher.pending)))
     return patched
@@ -498,7 +499,7 @@ def _acting() -> tuple[list[str], list[str]]:
         verdict = None if _verdicts is None else _verdicts.get(name)
         if _verdicts is not None and not installs(verdict):
             off.append(f"{name} (" + ("not in this vLLM" if verdict is None or verdict.absent
-                                      else "its vLLM source matches no tested vLLM") + ")")
+                                      else "untested vLLM source") + ")")
         elif verdict is not None and not verdict.ok:
             acting.append(f"{name} (untested: {ALLOW_UNTESTED}=1)")
         else:
