@@ -82,8 +82,13 @@ def direct_decisions():
     """hook -> (engine, case label, decide(count, key, in_graph)) for every table-gated hook of
     both plugins: each plugin's decision function called by its own name."""
     M = sglang_metadata
-    out = {("sglang", f"mHC {op}", ""): (lambda op: lambda c, k, g: sglang_mhc.prefers_dsv4spec(
-        op, c, k, g, SM90))(op) for op in sglang_mhc.TABLES}
+    out = {}
+    for op in sglang_mhc.TABLES:
+        cases = {"": False} if op == "mhc_post" else {"DeepGEMM off": False, "DeepGEMM on": True}
+        for label, deep_gemm in cases.items():
+            out[("sglang", f"mHC {op}", label)] = (
+                lambda op, d: lambda c, k, g: sglang_mhc.prefers_dsv4spec(op, c, k, g, SM90, d))(
+                op, deep_gemm)
     out[("sglang", "target hc_head", "")] = lambda c, k, g: sglang_hc_head.target_prefers_dsv4spec(
         c, k, g, SM90)
     for hook, op in (("DSV4 page table", M.PAGE_TABLE), ("DSV4 compressed metadata", M.COMPRESSED),
@@ -122,7 +127,7 @@ def test_what_if_an_h200_lists_the_ranges_the_decision_functions_give(stack, fil
             assert entry["table_file"] == str(served_by), hook
             assert entry["ranges"][label] == direct_spans(decide, keys, top), (engine, hook, label)
     sglang = report["engines"]["sglang"]["hooks"]
-    fused_7168 = sglang["mHC mhc_fused_post_pre"]["ranges"][""]["graph"]["7168"]
+    fused_7168 = sglang["mHC mhc_fused_post_pre"]["ranges"]["DeepGEMM off"]["graph"]["7168"]
     assert fused_7168 == [list(span) for span in
                           engines["sglang"]["mhc_fused_post_pre"]["graph"][7168]]
     assert fused_7168[0][0] == 1 and fused_7168[-1][1] == 32

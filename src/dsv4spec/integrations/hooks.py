@@ -176,6 +176,15 @@ class Gate:
     count: str = "num_tokens"
 
 
+def deep_gemm_cases(deep_gemm_from_tokens: int | None) -> dict[str, dict[str, Any]]:
+    """:attr:`Gate.cases` of an mHC hook whose engine op runs DeepGEMM's pre-norm GEMM from
+    ``deep_gemm_from_tokens`` tokens where the engine decides so (None: never): reported with
+    DeepGEMM off and on, which only the running engine knows."""
+    if deep_gemm_from_tokens is None:
+        return {"": {}}
+    return {"DeepGEMM off": {"deep_gemm": False}, "DeepGEMM on": {"deep_gemm": True}}
+
+
 def run_where_measured_faster(key: tuple, compiled: set, capturing: bool,
                               prefers: Callable[[bool], bool], launch: Callable[[], Any]) -> Any:
     """``launch()`` where ``prefers(in_graph)`` gives this call to dsv4spec, else STEP_ASIDE: the

@@ -103,6 +103,17 @@ def _param_ok(t, shape, dtypes, device) -> bool:
             and t.device == device and t.is_contiguous())
 
 
+def _check_residual_out(residual_out, residual):
+    _check_tensor("residual_out", residual_out, residual.shape, (residual.dtype,),
+                  residual.device)
+    if residual_out.data_ptr() == residual.data_ptr():
+        return
+    nbytes = residual.numel() * residual.element_size()
+    if (residual_out.data_ptr() < residual.data_ptr() + nbytes
+            and residual.data_ptr() < residual_out.data_ptr() + nbytes):
+        raise ValueError("residual_out must be residual itself or share none of its memory")
+
+
 def _check_residual(residual):
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
@@ -469,6 +480,7 @@ def mhc_post_pre(
     fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, *,
     rms_eps: float, hc_eps: float, sinkhorn_iters: int, post_mult: float = 2.0,
     norm_weight: torch.Tensor | None = None, norm_eps: float | None = None, impl: str = "auto",
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer boundary: :func:`mhc_post` of layer i, then :func:`mhc_pre` of layer i + 1.
 
@@ -483,6 +495,10 @@ def mhc_post_pre(
         As in :func:`mhc_post` (the finishing layer's sublayer output, streams and weights).
     fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_weight, norm_eps, impl
         As in :func:`mhc_pre` (the next layer's).
+    residual_out : Tensor ``[T, hc, H]``, optional
+        Where residual' is written and returned: ``residual`` itself (in place: each slice of
+        the streams is read before its new value is stored over it, by the program that stores
+        it) or a contiguous tensor like ``residual`` that shares none of its memory.
 
     Returns
     -------
@@ -491,18 +507,29 @@ def mhc_post_pre(
     _post_inputs_ok(f, residual, post, comb)
     _pre_inputs_ok(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult,
                    norm_weight, norm_eps, impl)
+    if residual_out is not None:
+        _check_residual_out(residual_out, residual)
     kw = {"rms_eps": float(rms_eps), "hc_eps": float(hc_eps), "sinkhorn_iters": sinkhorn_iters,
           "post_mult": float(post_mult)}
     if not _use_triton(impl, residual):
-        return mhc_post_pre_reference(f, residual, post, comb, fn, hc_scale, hc_base,
-                                      norm_weight=norm_weight, norm_eps=norm_eps, **kw)
-    neps = 0.0 if norm_eps is None else float(norm_eps)
-    if _direct_call_ok(f, residual, post, comb, fn, norm_weight):
-        return mhc_post_pre_triton(f, residual, post, comb, fn, hc_scale, hc_base, kw["rms_eps"],
-                                   kw["hc_eps"], sinkhorn_iters, kw["post_mult"], norm_weight,
-                                   neps)
-    return _mhc_post_pre_op(f, residual, post, comb, fn, hc_scale, hc_base, norm_weight,
-                            kw["rms_eps"], kw["hc_eps"], sinkhorn_iters, kw["post_mult"], neps)
+        out = mhc_post_pre_reference(f, residual, post, comb, fn, hc_scale, hc_base,
+                                     norm_weight=norm_weight, norm_eps=norm_eps, **kw)
+    else:
+        neps = 0.0 if norm_eps is None else float(norm_eps)
+        if _direct_call_ok(f, residual, post, comb, fn, norm_weight, residual_out):
+            T, hc, H = residual.shape
+            given = None if residual_out is None else (
+                residual_out, residual.new_empty((T, hc), dtype=torch.float32),
+                residual.new_empty((T, hc, hc), dtype=torch.float32), residual.new_empty((T, H)))
+            return mhc_post_pre_triton(f, residual, post, comb, fn, hc_scale, hc_base,
+                                       kw["rms_eps"], kw["hc_eps"], sinkhorn_iters,
+                                       kw["post_mult"], norm_weight, neps, out=given)
+        out = _mhc_post_pre_op(f, residual, post, comb, fn, hc_scale, hc_base, norm_weight,
+                               kw["rms_eps"], kw["hc_eps"], sinkhorn_iters, kw["post_mult"],
+                               neps)
+    if residual_out is None:
+        return out
+    return residual_out.copy_(out[0]), *out[1:]
 
 
 # ---------------------------------------------------------------------------------------------

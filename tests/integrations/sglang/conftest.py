@@ -129,6 +129,8 @@ def sgl(monkeypatch, serves):
     monkeypatch.setattr(mhc_hooks, "_compiled", set())
     monkeypatch.setattr(mhc_hooks, "_original_warmed", set())
     monkeypatch.setattr(mhc_hooks, "_warm_pending", None)
+    monkeypatch.setattr(mhc_hooks, "_deep_gemm", None)
+    monkeypatch.delenv("SGLANG_OPT_DEEPGEMM_HC_PRENORM", raising=False)
     monkeypatch.setattr(metadata_hooks, "_warned", set())
     monkeypatch.setattr(metadata_hooks, "_compiled", set())
     monkeypatch.setattr(metadata_hooks, "_pending_sparse", None)

@@ -293,6 +293,100 @@ def test_mhc_post_beyond_32_tokens_follows_its_table(sgl, measured):
     assert sgl.originals[MHC_POST].calls == 0
 
 
+# --- SGLang's DeepGEMM pre-norm GEMM ------------------------------------------------------------
+
+CONFIGURER = "sglang.srt.layers.deep_gemm_wrapper.configurer"
+
+
+def deep_gemm_enabled(monkeypatch, enabled=True):
+    """SGLang's ``ENABLE_JIT_DEEPGEMM`` as its configurer computes it where DeepGEMM is enabled and
+    importable on an sm_90+ GPU (the stand-in's is False: the benchmark's DeepGEMM-off setup)."""
+    monkeypatch.setattr(sys.modules[CONFIGURER], "ENABLE_JIT_DEEPGEMM", enabled)
+
+
+def served_by_ours(sgl, op, T):
+    """Whether the hooked ``op`` served T tokens with ours (SGLang's function did not run),
+    with SGLang's result either way."""
+    t = make_inputs(T)
+    target = NAMES[op]
+    before = sgl.originals[target].calls
+    y = run(sgl, op, t)
+    ours = sgl.originals[target].calls == before
+    assert_close(y, run_original(sgl, op, t), f"{op} T={T}")
+    return ours
+
+
+@pytest.mark.parametrize("T", [1, 16, 32])
+def test_mhc_pre_steps_aside_where_sglang_runs_deep_gemm(sgl, monkeypatch, measured, T):
+    deep_gemm_enabled(monkeypatch)  # SGLANG_OPT_DEEPGEMM_HC_PRENORM unset: on by default
+    assert sgl.mhc._use_deep_gemm_hc_prenorm()
+    sgl.install()
+    assert not served_by_ours(sgl, "mhc_pre", T)
+    # the boundary's one-launch TileLang kernel up to 32 tokens never runs DeepGEMM
+    assert served_by_ours(sgl, "mhc_fused_post_pre", T)
+    assert installed_hook(sgl, MHC_PRE).enabled
+
+
+@pytest.mark.parametrize("setup", [
+    pytest.param(lambda mp: mp.setenv("SGLANG_OPT_DEEPGEMM_HC_PRENORM", "0"), id="switch 0"),
+    pytest.param(lambda mp: deep_gemm_enabled(mp, False), id="DeepGEMM not enabled"),
+])
+def test_without_sglang_deep_gemm_the_tables_decide(sgl, monkeypatch, measured, setup):
+    deep_gemm_enabled(monkeypatch)
+    setup(monkeypatch)
+    assert not sgl.mhc._use_deep_gemm_hc_prenorm()
+    sgl.install()
+    for T in (1, 16, 32):
+        assert served_by_ours(sgl, "mhc_pre", T)
+        assert served_by_ours(sgl, "mhc_fused_post_pre", T)
+    measured(op="mhc_pre", spans=((1, 8),))
+    assert not served_by_ours(sgl, "mhc_pre", 16)
+
+
+@pytest.mark.parametrize("deep_gemm", [True, False])
+def test_boundary_above_32_tokens_steps_aside_where_sglang_runs_deep_gemm(
+        sgl, monkeypatch, measured, deep_gemm):
+    # a table and cap that would serve 64 tokens: only SGLang's DeepGEMM decides
+    measured(op="mhc_fused_post_pre", spans=((1, 64),))
+    monkeypatch.setitem(hooks.MEASURED_MAX_TOKENS, "mhc_fused_post_pre", None)
+    deep_gemm_enabled(monkeypatch, deep_gemm)
+    sgl.install()
+    assert served_by_ours(sgl, "mhc_fused_post_pre", 32)
+    for T in (33, 64):
+        assert served_by_ours(sgl, "mhc_fused_post_pre", T) is not deep_gemm
+
+
+def test_unreadable_deep_gemm_decision_steps_aside_once_warned(sgl, monkeypatch, measured,
+                                                               caplog):
+    calls = []
+
+    def fails():
+        calls.append(1)
+        raise ImportError("no configurer")
+
+    monkeypatch.setattr(sgl.mhc, "_use_deep_gemm_hc_prenorm", fails)
+    sgl.install()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for T in (1, 16):
+            assert not served_by_ours(sgl, "mhc_pre", T)
+        assert served_by_ours(sgl, "mhc_fused_post_pre", 16)
+    assert len(calls) == 1, "read once per process"
+    assert len([r for r in caplog.records if "DeepGEMM" in r.getMessage()]) == 1
+    assert installed_hook(sgl, MHC_PRE).enabled
+
+
+def test_deep_gemm_decision_is_read_once_per_process(sgl, monkeypatch, measured):
+    deep_gemm_enabled(monkeypatch)
+    calls = []
+    decide = sgl.mhc._use_deep_gemm_hc_prenorm
+    monkeypatch.setattr(sgl.mhc, "_use_deep_gemm_hc_prenorm",
+                        lambda: calls.append(1) or decide())
+    sgl.install()
+    for T in (1, 2, 16):
+        assert not served_by_ours(sgl, "mhc_pre", T)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("case", ["eps differ", "fp32 norm weight", "n_splits=2", "4-D"])
 @pytest.mark.parametrize("op", ["mhc_pre", "mhc_fused_post_pre"])
 def test_arguments_that_do_not_map_step_aside(sgl, measured, op, case):
@@ -606,6 +700,7 @@ def test_shapes_the_tables_split_between_modes_are_warmed(monkeypatch):
              if hooks.prefers_dsv4spec(op, T, H, False) and not hooks.prefers_dsv4spec(
                  op, T, H, True)}
     assert {("mhc_post", 4, 7168), ("mhc_post", 128, 4096), ("mhc_pre", 17, 7168)} <= split
+    monkeypatch.setattr(hooks, "_deep_gemm", False)  # SGLang's TileLang GEMM, as measured
     warms = []
     for op, T, H in sorted(split):
         monkeypatch.setattr(hooks, "_warm_pending", None)

@@ -54,6 +54,7 @@ def fresh_plugin(monkeypatch) -> None:
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     monkeypatch.setattr(plugin, "_guards", {})
     monkeypatch.setattr(plugin, "_announced", False)
+    monkeypatch.setattr(plugin, "_switched_off", [])
     monkeypatch.setattr(plugin, "_verdicts", None)
     monkeypatch.setattr(plugin, "_covered", set())
     monkeypatch.delenv(plugin.ALLOW_UNTESTED, raising=False)

@@ -395,29 +395,95 @@ def test_deep_gemm_not_yet_loaded_counts_as_in_use(vllm, monkeypatch):
     assert mhc_hooks.fast_mhc_pre(*args, **kwargs) is not STEP_ASIDE
 
 
-@pytest.mark.parametrize("T", [3, 33], ids=["T=3 fused kernel", "T=33 post+GEMM"])
-def test_reuse_residual_boundary_returns_a_new_residual_and_leaves_the_old_one(vllm, monkeypatch,
-                                                                               T):
-    """vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual`` may overwrite ``residual``
-    (its post + GEMM path above 32 tokens does, and returns that storage); the hook returns a
-    new residual, the result of vLLM's ``mhc_fused_post_pre_tilelang`` on the same inputs, and
-    never writes its inputs."""
+@pytest.fixture
+def residual_sized(monkeypatch):
+    """``residual_sized(numel)``: the allocations through torch's allocating functions since the
+    last call, of at least ``numel`` elements."""
+    sizes: list[int] = []
+
+    def recording(allocate):
+        def allocating(*args, **kwargs):
+            out = allocate(*args, **kwargs)
+            sizes.append(out.numel())
+            return out
+        return allocating
+
+    for owner, name in ((torch, "empty"), (torch, "empty_like"), (torch, "zeros"),
+                        (torch, "zeros_like"), (torch.Tensor, "new_empty"),
+                        (torch.Tensor, "new_zeros"), (torch.Tensor, "clone")):
+        monkeypatch.setattr(owner, name, recording(getattr(owner, name)))
+
+    def since(numel):
+        big = [n for n in sizes if n >= numel]
+        sizes.clear()
+        return big
+
+    return since
+
+
+def _unchanged(args, copies):
+    return all(torch.equal(a, c) for a, c in zip(args, copies) if isinstance(a, torch.Tensor))
+
+
+@pytest.mark.parametrize("T", [3, 32, 33, 40], ids=lambda T: f"T={T}")
+def test_reuse_residual_boundary_writes_in_place_where_vllms_does(vllm, monkeypatch,
+                                                                   residual_sized, T):
+    """vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual`` overwrites ``residual`` and
+    returns that storage above 32 tokens (its post + GEMM path); at 32 or fewer (its fused
+    kernel) it returns a new residual and writes none of its inputs. The hook does the same,
+    with vLLM's values and, in place, no residual-sized allocation, from a shape's second call
+    on: its first, which compiles the shape, returns a new residual and leaves its inputs."""
     if not hasattr(vllm.peer.module, NAMES[REUSE]):
         pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
     measure(monkeypatch, REUSE)
     register()
+    hook = hooked(vllm, REUSE)
     t = make_inputs(T)
     args, kwargs = call_args(REUSE, t)
-    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    want = original(vllm, "mhc_fused_post_pre")(*args, **kwargs)
+    copies = cloned(args)
+    first = hook(*args, **kwargs)
+    assert first[0].data_ptr() != t["residual"].data_ptr() and _unchanged(args, copies)
+    numel = t["residual"].numel()
+    t = make_inputs(T)
+    args, kwargs = call_args(REUSE, t)
+    want = reference(REUSE, t)
+    vllms = original(vllm, REUSE)(*cloned(args), **kwargs)
+    in_place = T > 32
+    assert (vllms[0].data_ptr() != args[1].data_ptr()), "vLLM's ran on copies"
+    launches(vllm).clear()
+    residual_sized(numel)
+    got = hook(*args, **kwargs)
+    allocated = residual_sized(numel)
+    assert not launches(vllm), "dsv4spec's op served the reuse_residual boundary"
+    assert_like(got, vllms, tol_against=want)
+    assert all(torch.equal(g, f) for g, f in zip(got, first)), "the same bits as out of place"
+    if in_place:
+        assert got[0].data_ptr() == t["residual"].data_ptr() and got[0].shape == copies[1].shape
+        assert not allocated, "no new residual"
+        assert _unchanged(args[:1] + args[2:], copies[:1] + copies[2:])
+    else:
+        assert got[0].data_ptr() != t["residual"].data_ptr() and _unchanged(args, copies)
+        assert allocated == [numel]
+    # vLLM's own writes in place exactly there
+    vllms = original(vllm, REUSE)(*copies, **kwargs)
+    assert (vllms[0].data_ptr() == copies[1].data_ptr()) == in_place
+
+
+def test_reuse_residual_boundary_warming_a_graph_shape_leaves_vllm_its_input(vllm, monkeypatch):
+    """A shape the graph table gives to ours and the eager one to vLLM: the hook launches ours
+    once eagerly (compiling it for the capture) and vLLM's function then serves the call with
+    the same arguments, so that launch must not write ``residual`` even where in place is
+    allowed."""
+    if not hasattr(vllm.peer.module, NAMES[REUSE]):
+        pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
+    measure(monkeypatch, REUSE, modes=("graph",))
+    measure(monkeypatch, REUSE, modes=("eager",), spans=())
+    register()
+    t = make_inputs(40)
+    args, kwargs = call_args(REUSE, t)
+    want = original(vllm, REUSE)(*cloned(args), **kwargs)
     launches(vllm).clear()
     got = hooked(vllm, REUSE)(*args, **kwargs)
-    assert not launches(vllm), "dsv4spec's op served the reuse_residual boundary"
-    for a, c in zip(args, copies):
-        if isinstance(a, torch.Tensor):
-            assert torch.equal(a, c), "the hook wrote one of its inputs"
-    assert got[0].data_ptr() != t["residual"].data_ptr()
-    assert_like(got, want, tol_against=reference(REUSE, t))
-    # vLLM's own, for comparison: above 32 tokens it writes the new residual in place
-    vllms = original(vllm, REUSE)(*copies, **kwargs)
-    assert (vllms[0].data_ptr() == copies[1].data_ptr()) == (T > 32)
+    assert launches(vllm), "vLLM's function served the eager call"
+    assert_like(got, want)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)

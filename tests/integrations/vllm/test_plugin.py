@@ -111,6 +111,140 @@ def test_the_announcement_says_when_vllm_is_not_installed(vllm, monkeypatch, cap
         assert says in line and "None" not in line, line
 
 
+def is_summary(message: str) -> bool:
+    return " vLLM plugin " in message and ": hooks " in message
+
+
+def the_summary(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if is_summary(r.getMessage())]
+    return line
+
+
+def summary_fields(line: str) -> tuple[list[str], str]:
+    """The summary's hooks (those that act) and its ``off`` field."""
+    hooks, rest = line.split(": hooks ", 1)[1].split("; off: ", 1)
+    return hooks.split(", "), rest.split("; patched now: ", 1)[0]
+
+
+REUSE = "mhc_fused_post_pre_reuse_residual"
+
+
+def test_the_summary_names_the_hooks_that_act(vllm, vllm_source, caplog):
+    """Printed after the manifest verdicts: 0.33.0 has no reuse_residual boundary, so that hook
+    is named as stepping aside, not among the hooks."""
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        patched = register()
+    acting, off = summary_fields(the_summary(caplog))
+    absent = {REUSE} if vllm_source == "0.33.0" else set()
+    assert set(acting) == {hook.name for hook in plugin.HOOKS} - absent
+    assert off == ", ".join(f"{name} (not in this vLLM)" for name in absent) or "none"
+    hooked = {hook.name for hook in plugin.HOOKS for target in patched
+              if target.endswith(f".{hook.attr}")}
+    assert set(acting) == hooked
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_the_summary_follows_a_verdict_that_steps_a_hook_aside(vllm, monkeypatch, caplog,
+                                                               allow):
+    from dsv4spec.integrations import manifest
+
+    real = manifest.verdicts
+
+    def mhc_post_differs(spec, root, manifests):
+        verdicts = real(spec, root, manifests)
+        verdicts["mhc_post"] = manifest.Verdict("mhc_post", [], reason="mhc_post (changed)")
+        return verdicts
+
+    monkeypatch.setattr(manifest, "verdicts", mhc_post_differs)
+    if allow:
+        monkeypatch.setenv(plugin.ALLOW_UNTESTED, "1")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        register()
+    messages = [r.getMessage() for r in caplog.records]
+    line = the_summary(caplog)
+    acting, off = summary_fields(line)
+    verdict = next(i for i, m in enumerate(messages) if "matches no tested" in m)
+    assert verdict < messages.index(line), "the summary comes after the verdicts"
+    if allow:
+        assert f"mhc_post (untested: {plugin.ALLOW_UNTESTED}=1)" in acting
+        assert "mhc_post" not in off
+    else:
+        assert "mhc_post" not in acting and "hc_head" in acting
+        assert "mhc_post (untested vLLM source)" in off.split(", ")
+
+
+def test_the_summary_waits_for_deepseek_v4s_import(vllm, tmp_path, caplog):
+    """Registered before vLLM imports DeepSeek-V4: one INFO line then, the summary once the
+    first model module is imported and its hooks' verdicts are known."""
+    package = "vllm.models.deepseek_v4.nvidia"
+    for name in plugin.MODEL_MODULES:
+        del sys.modules[name]
+        source = "\n".join(ast_unparse(node) for node in
+                           standins.model_imports(standins.MODEL_FILES[name]))
+        (tmp_path / f"{name.rsplit('.', 1)[1]}.py").write_text(source + "\n")
+    sys.modules[package].__path__ = [str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        register()
+        register()
+        assert not [r for r in caplog.records if is_summary(r.getMessage())]
+        assert caplog.text.count("decided when vLLM imports DeepSeek-V4") == 1
+        for name in plugin.MODEL_MODULES:
+            importlib.import_module(name)
+        register()
+    acting, _ = summary_fields(the_summary(caplog))
+    assert set(acting) == {hook.name for hook in plugin.HOOKS
+                           if not plugin.verdicts(vllm.model)[hook.name].absent}
+
+
+@pytest.fixture
+def vllm_logging(monkeypatch):
+    """vLLM's logging as ``vllm.logger`` configures it by default (a handler on the ``vllm``
+    logger, INFO, not propagated); the ``dsv4spec`` logger and the root as they are, restored
+    after the test. Yields the records vLLM's handler received."""
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    for name in (plugin.VLLM_LOGGER, plugin.DSV4SPEC_LOGGER):
+        log = logging.getLogger(name)
+        monkeypatch.setattr(log, "handlers", list(log.handlers))  # the original list kept
+        for attr in ("level", "propagate"):
+            monkeypatch.setattr(log, attr, getattr(log, attr))
+    engine = logging.getLogger(plugin.VLLM_LOGGER)
+    engine.handlers = [Collect()]
+    engine.setLevel(logging.INFO)
+    engine.propagate = False
+    return records
+
+
+def test_dsv4spec_lines_reach_vllms_handlers(vllm, vllm_logging):
+    root = logging.getLogger()
+    root_state = (list(root.handlers), root.level)
+    engine = logging.getLogger(plugin.VLLM_LOGGER)
+    engine_state = (list(engine.handlers), engine.level, engine.propagate)
+    register()
+    logging.getLogger("dsv4spec.integrations.vllm").info("an INFO line of a hook")
+    logging.getLogger("dsv4spec.ops").debug("below vLLM's level")
+    messages = [r.getMessage() for r in vllm_logging]
+    assert any(is_summary(m) for m in messages)
+    assert "an INFO line of a hook" in messages and "below vLLM's level" not in messages
+    assert (list(root.handlers), root.level) == root_state, "the root logger is untouched"
+    assert (list(engine.handlers), engine.level, engine.propagate) == engine_state
+    register()  # once per process: no second handler
+    logging.getLogger("dsv4spec").warning("once")
+    assert [r.getMessage() for r in vllm_logging].count("once") == 1
+
+
+def test_a_dsv4spec_logging_configuration_of_the_application_is_kept(vllm, vllm_logging):
+    own = logging.NullHandler()
+    logging.getLogger(plugin.DSV4SPEC_LOGGER).handlers = [own]
+    register()
+    assert logging.getLogger(plugin.DSV4SPEC_LOGGER).handlers == [own]
+    assert not vllm_logging
+
+
 def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
     """The plugin runs before vLLM imports DeepSeek-V4 (a worker's ``load_model``): the model
     modules are patched when they execute."""

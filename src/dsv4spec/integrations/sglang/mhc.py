@@ -17,7 +17,10 @@ SGLang 0.5.23's DeepSeek-V4 reaches the three functions as follows (CUDA, defaul
 Each hook computes SGLang's result (same shapes, dtypes and views: ``post_mix [T, hc, 1]``,
 ``comb_mix [T, hc, hc]`` float32, bf16 activations) with dsv4spec's ops where the measured tables
 below say ours is faster, and steps aside (SGLang's function runs with the same arguments)
-everywhere else: ROCm, GPU architectures or widths absent from the tables, ``torch.compile``,
+everywhere else: token counts where SGLang runs DeepGEMM's pre-norm GEMM (SGLang's own
+``_use_deep_gemm_hc_prenorm()``, on by default where DeepGEMM is installed: ``mhc_pre`` at every
+count, the fused boundary above 32 tokens; the tables were measured against SGLang's TileLang
+GEMM), ROCm, GPU architectures or widths absent from the tables, ``torch.compile``,
 SGLang's deterministic inference or batch-invariant mode (our split-K tiling depends on the token
 count), inputs our ops do not cover (hc_mult other than 4, dtypes other than SGLang's, empty or
 non-contiguous inputs, extra leading dimensions, ``hc_pre_eps != hc_sinkhorn_eps``), a first
@@ -50,12 +53,14 @@ from dsv4spec.integrations.hooks import (
     FasterTable,
     Gate,
     GuardedHook,
+    deep_gemm_cases,
     gpu_architecture,
     measured_faster,
     run_where_measured_faster,
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
+from dsv4spec.integrations.sglang.plugin import MHC_MODULE
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
@@ -80,18 +85,29 @@ TABLES: dict[str, FasterTable] = {
     "mhc_post": SGLANG_MHC_POST_FASTER,
     "mhc_fused_post_pre": SGLANG_MHC_FUSED_POST_PRE_FASTER,
 }
-# Token counts beyond which a table is not consulted (the call steps aside whatever it says).
-# Above 32 tokens a real deployment's mhc_fused_post_pre runs DeepGEMM's tf32 pre-norm GEMM
-# (and its mhc_pre runs it at every T where DeepGEMM is installed), which the benchmark, without
-# DeepGEMM, measured as SGLang's TileLang GEMM instead; raise a cap only with measurements
-# against DeepGEMM. mhc_post never uses DeepGEMM: its table alone bounds it.
+# Token counts beyond which a table is not consulted (the call steps aside whatever it says):
+# the benchmark measured mhc_pre and the boundary against SGLang's TileLang kernels up to 32
+# tokens. mhc_post's table alone bounds it.
 MEASURED_MAX_TOKENS: dict[str, int | None] = {
     "mhc_pre": 32,
     "mhc_post": None,
     "mhc_fused_post_pre": 32,
 }
+# The token count from which SGLang's op computes its pre-norm GEMM with DeepGEMM's tf32
+# ``tf32_hc_prenorm_gemm`` where SGLang's ``_use_deep_gemm_hc_prenorm()`` says so
+# (``SGLANG_OPT_DEEPGEMM_HC_PRENORM``, on by default, and DeepGEMM enabled and importable): mhc_pre
+# at every count, the fused boundary above its one-launch TileLang kernel's 32 tokens. The tables
+# compare with SGLang's TileLang GEMM, so these counts keep SGLang's op until measured against
+# DeepGEMM. mhc_post never uses DeepGEMM.
+DEEP_GEMM_FROM_TOKENS: dict[str, int | None] = {
+    "mhc_pre": 1,
+    "mhc_post": None,
+    "mhc_fused_post_pre": 33,
+}
 
 _warned: set[str] = set()
+# SGLang's _use_deep_gemm_hc_prenorm() in this process (None: not read yet).
+_deep_gemm: bool | None = None
 # Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
 _compiled: set[tuple] = set()
 # Launch shapes SGLang's function has run eagerly through the hook (see _WarmsOriginal).
@@ -103,7 +119,8 @@ PYNCCL_ALLOCATOR_MODULE = "sglang.srt.distributed.device_communicators.pynccl_al
 
 
 def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
-                     architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE) -> bool:
+                     architecture: tuple[int, int] | None = INTERPRETER_ARCHITECTURE,
+                     deep_gemm: bool = False) -> bool:
     """Whether SGLang's ``op`` should run dsv4spec's op rather than its own.
 
     Parameters
@@ -117,18 +134,44 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
         Whether the call is captured into a CUDA graph (device time counts) or runs eagerly.
     architecture : (int, int) or None
         The GPU's compute capability; None (ROCm) never prefers ours.
+    deep_gemm : bool
+        Whether SGLang runs DeepGEMM's pre-norm GEMM (:func:`sglang_deep_gemm`).
 
     Returns
     -------
     bool
-        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op`` and lies in
-        one of the measured winning ranges of ``op``'s table for that architecture, mode and
-        width.
+        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op``, below the
+        count from which SGLang's op runs DeepGEMM where ``deep_gemm``
+        (:data:`DEEP_GEMM_FROM_TOKENS`), and lies in one of the measured winning ranges of
+        ``op``'s table for that architecture, mode and width.
     """
-    cap = MEASURED_MAX_TOKENS[op]
+    cap, deep_from = MEASURED_MAX_TOKENS[op], DEEP_GEMM_FROM_TOKENS[op]
     if architecture is None or (cap is not None and num_tokens > cap):
         return False
+    if deep_gemm and deep_from is not None and num_tokens >= deep_from:
+        return False
     return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
+
+
+def sglang_deep_gemm() -> bool:
+    """Whether SGLang's mHC ops run DeepGEMM's pre-norm GEMM: SGLang's own
+    ``_use_deep_gemm_hc_prenorm()`` in the hooked module (its env switch, then DeepGEMM's
+    ``ENABLE_JIT_DEEPGEMM``), read at the first call that asks and remembered for the process
+    (both are fixed at server start). True where it cannot be read: the hooks step aside."""
+    global _deep_gemm
+    if _deep_gemm is not None:
+        return _deep_gemm
+    module = sys.modules.get(MHC_MODULE)
+    if module is None:  # SGLang's mHC ops are not loaded: asked again once they are
+        return True
+    try:
+        _deep_gemm = bool(module._use_deep_gemm_hc_prenorm())
+    except Exception as e:  # noqa: BLE001 - renamed or failing: SGLang's path is safe
+        _deep_gemm = True
+        logger.warning("dsv4spec: could not read SGLang's DeepGEMM pre-norm decision (%s: %s); "
+                       "the mhc_pre and boundary hooks step aside wherever SGLang may run "
+                       "DeepGEMM", type(e).__name__, e)
+    return _deep_gemm
 
 
 def _architecture(index: int) -> tuple[int, int] | None:
@@ -150,9 +193,10 @@ def _run(op: str, residual: torch.Tensor, key: tuple, launch) -> Any:
     architecture = _architecture(index)
     T, _, H = residual.shape
     key, capturing = (op, index, *key), _capturing(index)
+    deep_gemm = DEEP_GEMM_FROM_TOKENS[op] is not None and sglang_deep_gemm()
 
     def prefers(in_graph: bool) -> bool:
-        return prefers_dsv4spec(op, T, H, in_graph, architecture)
+        return prefers_dsv4spec(op, T, H, in_graph, architecture, deep_gemm)
 
     result = run_where_measured_faster(key, _compiled, capturing, prefers, launch)
     if (result is not STEP_ASIDE and not capturing and key not in _original_warmed
@@ -316,11 +360,13 @@ def make_mhc_fused_post_pre_hook(module: Any = None) -> GuardedHook:
                           logger, "SGLang")
 
 
-# How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec.
+# How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec, with
+# SGLang's DeepGEMM pre-norm off and on (only SGLang knows which).
 _DETERMINISTIC = "SGLang's deterministic inference or batch-invariant mode"
 GATES: dict[str, Gate] = {
     f"mHC {op}": Gate(ops=(ours,), table=TABLES[op],
                       prefers=functools.partial(prefers_dsv4spec, op),
+                      cases=deep_gemm_cases(DEEP_GEMM_FROM_TOKENS[op]),
                       note=f"not under {_DETERMINISTIC}" + (
                           "" if op == "mhc_post" else " or symmetric memory (--enable-symm-mem)"))
     for op, ours in (("mhc_pre", "mhc_pre"), ("mhc_post", "mhc_post"),

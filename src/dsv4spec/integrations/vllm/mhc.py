@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from dsv4spec.integrations.hooks import (
     INTERPRETER_ARCHITECTURE,
     STEP_ASIDE,
     Gate,
+    deep_gemm_cases,
     gpu_architecture,
     measured_faster,
     run_where_measured_faster,
@@ -262,58 +264,81 @@ def fast_mhc_post(
         return rejected("mhc_post", e)
 
 
-def fast_mhc_fused_post_pre(
-    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
-    comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-    rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
-    sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1,
-    norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
-) -> Any:
+# From here vLLM 0.34.0's reuse_residual boundary writes the new residual into ``residual`` (above
+# its fused kernel's 32 tokens, ``_FUSED_POST_PRE_MAX_TOKENS``, at the DSV4 widths), and so does
+# the fast path: a new [T, 4, H] bf16 residual would be 235 MB at 4,096 tokens, H = 7168.
+REUSE_IN_PLACE_FROM_TOKENS = 33
+
+
+def _boundary_fast_path(reuse_residual: bool) -> Callable[..., Any]:
+    """The fast path of vLLM's boundary function, with vLLM's parameters; ``reuse_residual``: as
+    vLLM 0.34.0's, from :data:`REUSE_IN_PLACE_FROM_TOKENS` tokens ``residual_cur`` is
+    ``residual``, overwritten, once the shape has run here before."""
+
+    def fast(
+        x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+        comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor,
+        hc_base: torch.Tensor, rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float,
+        hc_post_mult_value: float, sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1,
+        norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+    ) -> Any:
+        if not streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
+            return STEP_ASIDE
+        kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                            sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
+        if kwargs is None:
+            return STEP_ASIDE
+        post_in = post_layer_mix.view(residual.shape[0], HC)
+        key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
+        # in place only once this shape has run (so compiled): a first launch that failed while
+        # compiling, or one only warming a graph's shape, must leave vLLM's fallback its input
+        in_place = (reuse_residual and residual.shape[0] >= REUSE_IN_PLACE_FROM_TOKENS
+                    and ("mhc_fused_post_pre", residual.get_device(), *key) in _compiled)
+
+        def launch():
+            new, post, comb, layer_input = mhc_post_pre(
+                x, residual, post_in, comb_res_mix, fn, hc_scale, hc_base, impl="triton",
+                residual_out=residual if in_place else None, **kwargs)
+            return new, post.unsqueeze(-1), comb, layer_input
+
+        sig = _signature(residual, fn, hc_scale, hc_base, norm_weight, sinkhorn_repeat)
+        try:
+            return run_if_faster("mhc_fused_post_pre", residual, key, launch, sig)
+        except (ValueError, TypeError) as e:
+            return rejected("mhc_fused_post_pre", e)
+
+    fast.__name__ = fast.__qualname__ = ("fast_mhc_fused_post_pre_reuse_residual"
+                                         if reuse_residual else "fast_mhc_fused_post_pre")
+    return fast
+
+
+fast_mhc_fused_post_pre = _boundary_fast_path(False)
+fast_mhc_fused_post_pre.__doc__ = (
     """Fast path for vLLM's ``mhc_fused_post_pre_tilelang``: ``(residual_cur [T, 4, H] bf16,
     post_mix_cur [T, 4, 1] f32, comb_mix_cur [T, 4, 4] f32, layer_input_cur [T, H] bf16)`` from
     dsv4spec's :func:`~dsv4spec.ops.mhc_post_pre`, or STEP_ASIDE. ``n_splits`` and ``tile_n``
-    are ignored, as vLLM ignores them (it picks both from the token count)."""
-    if not streams_ok(residual) or not _post_ok(x, residual, post_layer_mix, comb_res_mix):
-        return STEP_ASIDE
-    kwargs = pre_kwargs(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
-                        sinkhorn_repeat, norm_weight, norm_eps, residual.shape[2])
-    if kwargs is None:
-        return STEP_ASIDE
-    post_in = post_layer_mix.view(residual.shape[0], HC)
-
-    def launch():
-        new, post, comb, layer_input = mhc_post_pre(x, residual, post_in, comb_res_mix, fn,
-                                                    hc_scale, hc_base, impl="triton", **kwargs)
-        return new, post.unsqueeze(-1), comb, layer_input
-
-    key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
-    sig = _signature(residual, fn, hc_scale, hc_base, norm_weight, sinkhorn_repeat)
-    try:
-        return run_if_faster("mhc_fused_post_pre", residual, key, launch, sig)
-    except (ValueError, TypeError) as e:
-        return rejected("mhc_fused_post_pre", e)
-
-
-# vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual``, the boundary
-# ``DeepseekV4DecoderLayer.forward`` runs when ``DeepseekV4Model.forward`` hands each layer its
-# residual (``reuse_residual=True``), takes the same arguments and returns the same results as
-# ``mhc_fused_post_pre_tilelang``, except that vLLM's may overwrite ``residual`` (its unfused
-# path, above 32 tokens, writes the new residual into ``residual``'s storage and returns it). A
-# new residual satisfies that contract (the caller drops the old one), so the fast path is
-# :func:`fast_mhc_fused_post_pre` itself: ``residual`` is read, never written, and the returned
-# ``residual_cur`` is a new tensor. Both run the same kernels, so the same tables decide (vLLM's
-# boundary kernels are those of ``mhc_fused_post_pre_tilelang``: ``tilelang_kernels.py`` is
-# byte-identical in 0.33.0 and 0.34.0, and 0.34.0's two functions are one
-# ``_mhc_fused_post_pre_tilelang_impl`` differing only in where the unfused path writes).
-fast_mhc_fused_post_pre_reuse_residual = fast_mhc_fused_post_pre
+    are ignored, as vLLM ignores them (it picks both from the token count).""")
+fast_mhc_fused_post_pre_reuse_residual = _boundary_fast_path(True)
+fast_mhc_fused_post_pre_reuse_residual.__doc__ = (
+    """Fast path for vLLM 0.34.0's ``mhc_fused_post_pre_tilelang_reuse_residual``, the boundary
+    ``DeepseekV4DecoderLayer.forward`` runs when ``DeepseekV4Model.forward`` hands each layer its
+    residual (``reuse_residual=True``): the same arguments and results as
+    ``mhc_fused_post_pre_tilelang``, except that ``residual`` may be overwritten, which the
+    caller allows (it drops the old residual). As :func:`fast_mhc_fused_post_pre`, except that
+    where vLLM's writes in place (from :data:`REUSE_IN_PLACE_FROM_TOKENS` tokens) the returned
+    ``residual_cur`` is ``residual``, overwritten, from the second eager call of a shape on (its
+    first, out of place, compiles it); below, a new tensor, as vLLM's fused kernel returns. Both
+    run the same kernels, so the same tables decide (vLLM's boundary kernels are those of
+    ``mhc_fused_post_pre_tilelang``: ``tilelang_kernels.py`` is byte-identical in 0.33.0 and
+    0.34.0, and 0.34.0's two functions are one ``_mhc_fused_post_pre_tilelang_impl`` differing
+    only in where the unfused path writes).""")
 
 
 
 def _gate(op: str, ours: str) -> Gate:
-    cases = ({"": {}} if DEEP_GEMM_FROM_TOKENS[op] is None else
-             {"DeepGEMM off": {"deep_gemm": False}, "DeepGEMM on": {"deep_gemm": True}})
     return Gate(ops=(ours,), table=TABLES[op], prefers=functools.partial(prefers_dsv4spec, op),
-                cases=cases, note="not under VLLM_BATCH_INVARIANT or torch.compile")
+                cases=deep_gemm_cases(DEEP_GEMM_FROM_TOKENS[op]),
+                note="not under VLLM_BATCH_INVARIANT or torch.compile")
 
 
 # How each hook here decides, for reports (dsv4spec doctor): its table and prefers_dsv4spec, with

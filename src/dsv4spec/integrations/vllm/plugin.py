@@ -155,6 +155,7 @@ _settled: dict[str, bool] = {}
 # The table each hook reads (the reuse_residual boundary runs the boundary's kernels).
 _TABLE_OF = {"mhc_fused_post_pre_reuse_residual": "mhc_fused_post_pre"}
 _announced = False
+_switched_off: list[str] = []  # "<hook> (<switch as set>)", for the summary
 # The hooks' verdicts against the packaged manifests, decided once per process at the first
 # DeepSeek-V4 module patched (processes that never import one never read vLLM's source).
 _verdicts: dict[str, manifest.Verdict] | None = None
@@ -351,6 +352,8 @@ def _patch_on_import(module: ModuleType) -> None:
     (vLLM moved or renamed them: its own functions serve every call of that module)."""
     try:
         patched = _patch(module)
+        if _verdicts is not None:
+            _announce(patched)
         expected = [hook.attr for hook in HOOKS
                     if hook.name in _guards and module.__name__ in BOUND_IN[hook.name]]
         found = [attr for attr in expected if hasattr(module, attr)]
@@ -433,6 +436,7 @@ def register() -> list[str]:
 
 
 def _register() -> list[str]:
+    _log_through_vllm()
     master = switch_on(MASTER_SWITCH)
     off = []
     for hook in HOOKS:
@@ -441,6 +445,8 @@ def _register() -> list[str]:
                        f"({switch_setting(hook.switch if master else MASTER_SWITCH, True)})")
         elif hook.name not in _guards:
             _guards[hook.name] = hook.make(None)
+    if not _announced:
+        _switched_off[:] = off
     patched = []
     for name in MODEL_MODULES:
         module = sys.modules.get(name)
@@ -448,10 +454,35 @@ def _register() -> list[str]:
             patched += _patch(module)
         elif any(name in BOUND_IN[hook] for hook in _guards):
             _watcher.pending.add(name)
-    if _watcher.pending and _watcher not in sys.meta_path:
+    watching = _watcher.pending and _watcher not in sys.meta_path
+    if watching:
         sys.meta_path.insert(0, _watcher)
-    _announce(patched, off)
+    if _verdicts is not None or not _watcher.pending:
+        _announce(patched)
+    elif watching:
+        logger.info("dsv4spec vLLM plugin registered: its hooks are decided when vLLM imports "
+                    "DeepSeek-V4 (%s)", ", ".join(sorted(_watcher.pending)))
     return patched
+
+
+# vLLM's logger: vLLM configures it alone (vllm.logger, VLLM_CONFIGURE_LOGGING), not the root.
+VLLM_LOGGER = "vllm"
+DSV4SPEC_LOGGER = "dsv4spec"
+
+
+def _log_through_vllm() -> None:
+    """Give dsv4spec's loggers vLLM's handlers, level and propagation where vLLM configured its
+    logger and nothing configured dsv4spec's: vLLM leaves the root logger bare, where INFO lines
+    are dropped (and WARNINGs reach stderr unformatted). Neither the root logger nor vLLM's are
+    touched; an application's own configuration of ``dsv4spec`` is kept."""
+    ours, engine = logging.getLogger(DSV4SPEC_LOGGER), logging.getLogger(VLLM_LOGGER)
+    if ours.handlers or not engine.handlers:
+        return
+    for handler in engine.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(engine.getEffectiveLevel())
+    ours.propagate = engine.propagate
 
 
 def installed() -> dict[str, GuardedHook]:
@@ -460,12 +491,33 @@ def installed() -> dict[str, GuardedHook]:
     return dict(_guards)
 
 
-def _announce(patched: list[str], off: list[str]) -> None:
+def _acting() -> tuple[list[str], list[str]]:
+    """The hooks made that act once their modules are patched (after the manifest verdicts),
+    and "<hook> (<why not>)" for those switched off or stepping aside."""
+    acting, off = [], list(_switched_off)
+    for name in _guards:
+        verdict = None if _verdicts is None else _verdicts.get(name)
+        if _verdicts is not None and not installs(verdict):
+            off.append(f"{name} (" + ("not in this vLLM" if verdict is None or verdict.absent
+                                      else "untested vLLM source") + ")")
+        elif verdict is not None and not verdict.ok:
+            acting.append(f"{name} (untested: {ALLOW_UNTESTED}=1)")
+        else:
+            acting.append(name)
+    return acting, off
+
+
+def _announce(patched: list[str]) -> None:
+    """The summary WARNING, once per process: after the manifest verdicts (at register where
+    the DeepSeek-V4 modules are already imported or no hook is on, else at the first one
+    imported), so it names the hooks that act and those that step aside."""
     global _announced
     if _announced:
         return
     _announced = True
     from dsv4spec import __version__
+
+    acting, off = _acting()
 
     version = installed_vllm_version()
     if version is not None and version not in SUPPORTED_VLLM_VERSIONS:
@@ -475,5 +527,5 @@ def _announce(patched: list[str], off: list[str]) -> None:
     running = "(vLLM is not installed)" if version is None else f"on vLLM {version}"
     logger.warning("dsv4spec %s vLLM plugin %s: hooks %s; off: %s; patched now: %s "
                    "(the other DeepSeek-V4 modules when imported)", __version__, running,
-                   ", ".join(_guards) or "none", ", ".join(off) or "none",
+                   ", ".join(acting) or "none", ", ".join(off) or "none",
                    ", ".join(patched) or "nothing")
