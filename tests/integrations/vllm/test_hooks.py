@@ -435,6 +435,7 @@ def test_reuse_residual_boundary_writes_in_place_where_vllms_does(vllm, monkeypa
     on: its first, which compiles the shape, returns a new residual and leaves its inputs."""
     if not hasattr(vllm.peer.module, NAMES[REUSE]):
         pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
+    monkeypatch.setattr(mhc_hooks, "REUSE_IN_PLACE_FROM_TOKENS", 33)
     measure(monkeypatch, REUSE)
     register()
     hook = hooked(vllm, REUSE)
@@ -469,6 +470,28 @@ def test_reuse_residual_boundary_writes_in_place_where_vllms_does(vllm, monkeypa
     assert (vllms[0].data_ptr() == copies[1].data_ptr()) == in_place
 
 
+def test_reuse_residual_boundary_returns_a_new_residual_until_in_place_is_switched_on(
+        vllm, monkeypatch, residual_sized):
+    """The in-place write is off by default (it waits for a GPU run): above 32 tokens the hook
+    still returns a new residual with vLLM's values and leaves every input as it was."""
+    if not hasattr(vllm.peer.module, NAMES[REUSE]):
+        pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
+    assert mhc_hooks.REUSE_IN_PLACE_FROM_TOKENS is None
+    measure(monkeypatch, REUSE)
+    register()
+    hook = hooked(vllm, REUSE)
+    for _ in range(2):  # the second call of a shape is the one that would write in place
+        t = make_inputs(40)
+        args, kwargs = call_args(REUSE, t)
+        copies = cloned(args)
+        numel = t["residual"].numel()
+        residual_sized(numel)
+        got = hook(*args, **kwargs)
+        assert residual_sized(numel) == [numel], "a new residual"
+        assert got[0].data_ptr() != t["residual"].data_ptr() and _unchanged(args, copies)
+        assert_like(got, original(vllm, REUSE)(*copies, **kwargs), tol_against=reference(REUSE, t))
+
+
 def test_reuse_residual_boundary_warming_a_graph_shape_leaves_vllm_its_input(vllm, monkeypatch):
     """A shape the graph table gives to ours and the eager one to vLLM: the hook launches ours
     once eagerly (compiling it for the capture) and vLLM's function then serves the call with
@@ -476,6 +499,7 @@ def test_reuse_residual_boundary_warming_a_graph_shape_leaves_vllm_its_input(vll
     allowed."""
     if not hasattr(vllm.peer.module, NAMES[REUSE]):
         pytest.skip("vLLM 0.33.0 has no reuse_residual boundary")
+    monkeypatch.setattr(mhc_hooks, "REUSE_IN_PLACE_FROM_TOKENS", 33)
     measure(monkeypatch, REUSE, modes=("graph",))
     measure(monkeypatch, REUSE, modes=("eager",), spans=())
     register()

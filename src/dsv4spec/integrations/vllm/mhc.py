@@ -264,10 +264,14 @@ def fast_mhc_post(
         return rejected("mhc_post", e)
 
 
-# From here vLLM 0.34.0's reuse_residual boundary writes the new residual into ``residual`` (above
-# its fused kernel's 32 tokens, ``_FUSED_POST_PRE_MAX_TOKENS``, at the DSV4 widths), and so does
-# the fast path: a new [T, 4, H] bf16 residual would be 235 MB at 4,096 tokens, H = 7168.
-REUSE_IN_PLACE_FROM_TOKENS = 33
+# vLLM 0.34.0's reuse_residual boundary writes the new residual into ``residual`` above its fused
+# kernel's 32 tokens (``_FUSED_POST_PRE_MAX_TOKENS``, at the DSV4 widths); the fast path can too
+# from this count (33), saving a transient [T, 4, H] bf16 residual (58.7 MB at 1,024 tokens, 235 MB
+# at 4,096, H = 7168). Off (None) until it has run on a GPU: launch 1 loads each token's four
+# streams as a tile broadcast over fn's rows and stores the new streams at the same addresses,
+# with no barrier between, so a warp holding a replica could read a value another warp has
+# already overwritten, which the interpreter (one program at a time) cannot show.
+REUSE_IN_PLACE_FROM_TOKENS: int | None = None
 
 
 def _boundary_fast_path(reuse_residual: bool) -> Callable[..., Any]:
@@ -292,7 +296,8 @@ def _boundary_fast_path(reuse_residual: bool) -> Callable[..., Any]:
         key = (*residual.shape, sinkhorn_repeat, norm_weight is None)
         # in place only once this shape has run (so compiled): a first launch that failed while
         # compiling, or one only warming a graph's shape, must leave vLLM's fallback its input
-        in_place = (reuse_residual and residual.shape[0] >= REUSE_IN_PLACE_FROM_TOKENS
+        in_place = (reuse_residual and REUSE_IN_PLACE_FROM_TOKENS is not None
+                    and residual.shape[0] >= REUSE_IN_PLACE_FROM_TOKENS
                     and ("mhc_fused_post_pre", residual.get_device(), *key) in _compiled)
 
         def launch():
