@@ -173,9 +173,9 @@ def test_the_summary_follows_a_verdict_that_steps_a_hook_aside(vllm, monkeypatch
         assert "mhc_post (untested vLLM source)" in off.split(", ")
 
 
-def test_the_summary_waits_for_deepseek_v4s_import(vllm, tmp_path, caplog):
-    """Registered before vLLM imports DeepSeek-V4: one INFO line then, the summary once the
-    first model module is imported and its hooks' verdicts are known."""
+def unimport_model_modules(tmp_path) -> None:
+    """vLLM's DeepSeek-V4 model modules not imported yet, importable from ``tmp_path`` (their
+    imports only), as in a process that has not loaded the model."""
     package = "vllm.models.deepseek_v4.nvidia"
     for name in plugin.MODEL_MODULES:
         del sys.modules[name]
@@ -183,6 +183,12 @@ def test_the_summary_waits_for_deepseek_v4s_import(vllm, tmp_path, caplog):
                            standins.model_imports(standins.MODEL_FILES[name]))
         (tmp_path / f"{name.rsplit('.', 1)[1]}.py").write_text(source + "\n")
     sys.modules[package].__path__ = [str(tmp_path)]
+
+
+def test_the_summary_waits_for_deepseek_v4s_import(vllm, tmp_path, caplog):
+    """Registered before vLLM imports DeepSeek-V4: one INFO line then, the summary once the
+    first model module is imported and its hooks' verdicts are known."""
+    unimport_model_modules(tmp_path)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         register()
         register()
@@ -248,13 +254,7 @@ def test_a_dsv4spec_logging_configuration_of_the_application_is_kept(vllm, vllm_
 def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
     """The plugin runs before vLLM imports DeepSeek-V4 (a worker's ``load_model``): the model
     modules are patched when they execute."""
-    package = "vllm.models.deepseek_v4.nvidia"
-    for name in plugin.MODEL_MODULES:
-        del sys.modules[name]
-        source = "\n".join(ast_unparse(node) for node in
-                           standins.model_imports(standins.MODEL_FILES[name]))
-        (tmp_path / f"{name.rsplit('.', 1)[1]}.py").write_text(source + "\n")
-    sys.modules[package].__path__ = [str(tmp_path)]
+    unimport_model_modules(tmp_path)
     assert register() == []
     assert plugin._watcher in sys.meta_path
     for name in plugin.MODEL_MODULES:
