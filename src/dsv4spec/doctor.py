@@ -636,9 +636,10 @@ def _tables_lines(report: dict) -> list[str]:
 
 def _engine_line(engine: dict) -> str:
     if engine["source"] is None:
-        return (f"not installed (--{engine['name'].lower()}-source DIR checks a source tree; "
-                f"--engine {engine['name'].lower()}=={max(engine['tested'], key=_version_key)} answers for a tested "
-                "version)" if engine["tested"] else "not installed")
+        name = engine["name"].lower()
+        newest = max(engine["tested"], key=_version_key) if engine["tested"] else None
+        return (f"not installed (--{name}-source DIR checks a source tree; --engine "
+                f"{name}=={newest} answers for a tested version)" if newest else "not installed")
     where = (f"source {engine['source']}" if engine["source_given"]
              else f"{engine['installed'] or 'version unknown'} at {engine['source']}")
     verdicts = [e["verdict"] for e in engine["hooks"].values() if e["verdict"] is not None]

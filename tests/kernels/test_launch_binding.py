@@ -9,7 +9,8 @@ from triton import knobs
 import dsv4spec.kernels.launch as launch
 from dsv4spec.kernels.launch import LaunchCache
 
-from .test_launch import FakeCompiled, FakeKernel, FakeLauncher, cuda_like  # noqa: F401
+from .test_launch import FakeCompiled, FakeKernel, FakeLauncher
+from .test_launch import cuda_like as cuda_like  # noqa: F401 (a fixture)
 
 
 def launched_with(launcher_attrs: dict) -> tuple[list, list] | None:

@@ -620,8 +620,8 @@ class Measure:
     def _hc_head_torch(self, g: Grid, H: int, T: int, quick: bool) -> dict:
         from dsv4spec.bench import sglang_hc_head_torch
 
-        fns = sglang_hc_head_torch.providers(self._peer("hc_head_torch"), H, T, ("dsv4spec", "sglang"),
-                               device=self.device)
+        fns = sglang_hc_head_torch.providers(self._peer("hc_head_torch"), H, T,
+                                             ("dsv4spec", "sglang"), device=self.device)
         self._sync()
         return _graph_and_eager({"ours": fns["dsv4spec"], "engine": fns["sglang"]}, g.modes,
                                 quick)
