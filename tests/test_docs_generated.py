@@ -60,9 +60,9 @@ def test_the_plugin_pages_state_their_mhc_ranges_as_claims():
 
 
 def test_a_stale_claim_or_sample_is_caught():
-    served = regen_docs.served("SGLang", "mhc_pre", 7168, "graph", "3.6")
+    served = regen_docs.served("SGLang", "mhc_pre", 7168, "graph", "3.6", "off")
     assert served and served[0][0] == 1
-    wrong = "SGLang's `mhc_pre` serves T 1–4096 at H 7168 (graph, Triton 3.6)"
+    wrong = "SGLang's `mhc_pre` serves T 1–4096 at H 7168 (graph, Triton 3.6, DeepGEMM off)"
     m = regen_docs.CLAIM.search(wrong)
     assert m and regen_docs.claim_text(m) != wrong
     wrapped = "vLLM's `mhc_pre` serves\nT 1–3 at H 7168 (graph, Triton 3.8,\nDeepGEMM on)"

@@ -60,8 +60,8 @@ from dsv4spec.integrations.hooks import (
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
 from dsv4spec.integrations.sglang.hc_head import sglang_deterministic
-from dsv4spec.integrations.sglang.plugin import MHC_MODULE
 from dsv4spec.integrations.sglang.served_model import only_for_dsv4
+from dsv4spec.integrations.sglang.source import MHC_MODULE
 from dsv4spec.integrations.tables import faster_table
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from dsv4spec.integrations import manifest
 from dsv4spec.integrations.hooks import OFF_VALUES, Gate, Hook, switch_on
+from dsv4spec.integrations.sglang.source import MHC_MODULE
 from dsv4spec.usage import env_switch, switch_setting
 
 logger = logging.getLogger("dsv4spec.integrations.sglang")
@@ -102,7 +103,6 @@ def _mhc_hook(name: str) -> Callable[[ModuleType], Callable]:
 
 _HC_HEAD_PARAMS = ("self", "x", "hc_fn", "hc_scale", "hc_base")
 # SGLang 0.5.23's mHC entry points (one switch for the three; see integrations/sglang/mhc.py).
-_MHC_MODULE = "sglang.kernels.ops.layernorm.mhc"
 _MHC_PRE_PARAMS = ("residual", "fn", "hc_scale", "hc_base", "rms_eps", "hc_pre_eps",
                    "hc_sinkhorn_eps", "hc_post_mult_value", "sinkhorn_repeat", "n_splits",
                    "n_splits_pre", "norm_weight", "norm_eps")
@@ -121,11 +121,11 @@ HOOKS = (
          "DeepseekV4ModelNextN.hc_head", _HC_HEAD_PARAMS, _draft_hc_head_hook),
     Hook("target hc_head", "DSV4SPEC_SGLANG_TARGET_HC_HEAD", "sglang.srt.models.deepseek_v4",
          "DeepseekV4Model.hc_head", _HC_HEAD_PARAMS, _target_hc_head_hook),
-    Hook("mHC mhc_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_pre", _MHC_PRE_PARAMS,
+    Hook("mHC mhc_pre", "DSV4SPEC_SGLANG_MHC", MHC_MODULE, "mhc_pre", _MHC_PRE_PARAMS,
          _mhc_hook("mhc_pre")),
-    Hook("mHC mhc_post", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_post", _MHC_POST_PARAMS,
+    Hook("mHC mhc_post", "DSV4SPEC_SGLANG_MHC", MHC_MODULE, "mhc_post", _MHC_POST_PARAMS,
          _mhc_hook("mhc_post")),
-    Hook("mHC mhc_fused_post_pre", "DSV4SPEC_SGLANG_MHC", _MHC_MODULE, "mhc_fused_post_pre",
+    Hook("mHC mhc_fused_post_pre", "DSV4SPEC_SGLANG_MHC", MHC_MODULE, "mhc_fused_post_pre",
          _MHC_FUSED_POST_PRE_PARAMS, _mhc_hook("mhc_fused_post_pre")),
     # DSV4 attention metadata: the builders bounded by the live length and the verify row
     # expansion in one launch (one switch for the three; see integrations/sglang/metadata.py).
@@ -169,7 +169,6 @@ HOOKS = (
 
 # The DeepSeek-V4 model modules: which names of the mHC kernels module they bind and call is
 # part of each manifest; their functions that call a hooked name are part of its fingerprint.
-MHC_MODULE = _MHC_MODULE
 MODEL_FILES = {
     "sglang.srt.models.deepseek_v4": "srt/models/deepseek_v4.py",
     "sglang.srt.models.deepseek_v4_nextn": "srt/models/deepseek_v4_nextn.py",

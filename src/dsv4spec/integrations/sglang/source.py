@@ -17,6 +17,8 @@ from types import ModuleType
 from dsv4spec.integrations.source import load_module_from_path, package_file
 
 ROOT_ENV = "DSV4SPEC_SGLANG_ROOT"
+# SGLang 0.5.23's mHC ops (mhc_pre, mhc_post, mhc_fused_post_pre and its DeepGEMM decision)
+MHC_MODULE = "sglang.kernels.ops.layernorm.mhc"
 
 
 def sglang_root() -> Path | None:
