@@ -210,7 +210,6 @@ def test_direct_launch_only_on_the_triton_releases_it_was_tested_with():
                                             ("3.8.0+gitabc", False), ("3.9.0", False)])
 def test_the_direct_launch_holds_for_the_imported_tritons_release(monkeypatch, version, holds):
     monkeypatch.setattr(triton, "__version__", version)
-    assert launch.direct_launch_holds() is holds
     assert launch.direct_launch_supported() is holds
 
 

@@ -91,7 +91,7 @@ import torch
 import triton
 
 from dsv4spec.integrations.hooks import Architecture, Spans
-from dsv4spec.kernels.launch import DIRECT_LAUNCH_LAYOUTS, direct_launch_holds
+from dsv4spec.kernels.launch import DIRECT_LAUNCH_LAYOUTS, direct_launch_supported
 
 logger = logging.getLogger("dsv4spec.integrations")
 
@@ -575,7 +575,9 @@ def hook_entry(engine: str, hook: str, architecture: Architecture,
 def eager_rows_hold(measured_triton: str | None) -> bool:
     """Whether a file's eager rows, measured under Triton ``measured_triton``, decide in this
     process. An eager row is host time per call, and ours won those by the direct launch
-    (:func:`~dsv4spec.kernels.launch.direct_launch_holds`): rows measured with it (under a
+    (:func:`~dsv4spec.kernels.launch.direct_launch_supported`; without it the mHC boundary at
+    T = 1, H = 7168 took 103.6 us a call on the H200's host, 35.3 us with it:
+    ``benchmarks/results/triton38/stack_triton3.6_vs_3.8.md``): rows measured with it (under a
     release of ``DIRECT_LAUNCH_LAYOUTS``) hold only where this process's Triton has it too. On a
     patch release of the stack or a local build every launch goes through Triton's dispatcher,
     so the engine's code serves every eager call and the graph rows alone decide (ours is still
@@ -586,7 +588,7 @@ def eager_rows_hold(measured_triton: str | None) -> bool:
         return True
     if _assumed is not None and _assumed[1] is not None and _assumed[1] != running_stack():
         return True
-    return direct_launch_holds()
+    return direct_launch_supported()
 
 
 def _graph_rows_only(entry: dict, source: Source) -> dict:

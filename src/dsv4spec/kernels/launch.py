@@ -58,15 +58,6 @@ def direct_launch_supported(version: str | None = None) -> bool:
     return direct_launch_layout(version) is not None
 
 
-def direct_launch_holds() -> bool:
-    """Whether this process's eager launches take the direct launch: the imported Triton is a
-    release of :data:`DIRECT_LAUNCH_LAYOUTS`. Where not, every launch goes through Triton's
-    dispatcher (the mHC boundary at T = 1, H = 7168: 103.6 us a call on the H200's host, 35.3 us
-    with the direct launch: ``benchmarks/results/triton38/stack_triton3.6_vs_3.8.md``), so eager
-    timings measured with the direct launch (the tables' eager rows) do not hold here."""
-    return direct_launch_supported()
-
-
 def _hooks_installed() -> bool:
     runtime = knobs.runtime
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
