@@ -275,14 +275,13 @@ def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | No
     with ``assumed`` (a tested version), that version's as its packaged manifest records it."""
     name, module = ENGINES[engine]
     plugin = importlib.import_module(module)
-    version, root = _installed(engine, plugin)
-    if source is not None:
-        version, root = None, Path(source)
     tested = plugin.manifests()
     if assumed is not None:
         version, root = assumed, None
         verdicts = _manifest_verdicts(plugin, assumed, tested)
     else:
+        version, root = ((None, Path(source)) if source is not None
+                         else _installed(engine, plugin))
         verdicts = manifest.verdicts(plugin.ENGINE_SPEC, root, tested) if root is not None else {}
     coverage = {}
     if root is not None:
