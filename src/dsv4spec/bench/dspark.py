@@ -96,8 +96,10 @@ def step_calls(layers: int, bs: int, block: int) -> list[tuple[str, int, int]]:
             ("dspark_hc_head", rows, 1)]
 
 
-def served(hook: str, T: int, H: int, architecture: tuple[int, int]) -> bool:
-    """Whether the shipped tables give the (captured) call to ours."""
+def served(hook: str, T: int, H: int, architecture: tuple[int, int],
+           deep_gemm: bool = False) -> bool:
+    """Whether the shipped tables give the (captured) call to ours; ``deep_gemm``: where SGLang
+    runs DeepGEMM's pre-norm GEMM (the mHC hooks' decision)."""
     from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
     from dsv4spec.integrations.sglang import mhc as mhc_hooks
 
@@ -105,7 +107,7 @@ def served(hook: str, T: int, H: int, architecture: tuple[int, int]) -> bool:
         return hc_head_hooks.target_prefers_dsv4spec(T, H, True, architecture)
     if hook == "dspark_hc_head":
         return hc_head_hooks.dspark_prefers_dsv4spec(T, H, True, architecture)
-    return mhc_hooks.prefers_dsv4spec(hook, T, H, True, architecture)
+    return mhc_hooks.prefers_dsv4spec(hook, T, H, True, architecture, deep_gemm)
 
 
 def step_rows(points: dict[tuple[str, int, int], list[float]], batches: Sequence[int],

@@ -20,10 +20,10 @@ latency), re-derived for the tables as they ship whenever this is run.
   on Triton).
 - DeepGEMM on (what vLLM on Hopper and SGLang with DeepGEMM installed run): the calls whose
   engine op then computes its pre-norm GEMM with DeepGEMM save nothing, since the tables compare
-  with the TileLang GEMM: vLLM's per ``DEEP_GEMM_FROM_TOKENS`` (its decision function's
-  ``deep_gemm`` case), SGLang's ``mhc_pre`` at every count (its boundary above 32 tokens steps
-  aside either way). The engine's own step time under DeepGEMM was not measured: only the
-  savings are given.
+  with the TileLang GEMM, as each plugin's decision function answers with ``deep_gemm``: vLLM's
+  per its ``DEEP_GEMM_FROM_TOKENS``, SGLang's ``mhc_pre`` at every count and its boundary above
+  32 tokens (past the tables' cap either way). The engine's own step time under DeepGEMM was not
+  measured: only the savings are given.
 
 ``python -m dsv4spec.bench.headline`` writes ``benchmarks/results/headline/headline.{json,md}``
 and the tables between the ``headline`` markers of the README (its rows, :data:`ROWS`) and of
@@ -126,9 +126,7 @@ def decision(engine: str, deep_gemm: bool) -> Callable[[str, int, int], bool]:
         from dsv4spec.bench import dspark
 
         def serves(op: str, T: int, H: int) -> bool:
-            if deep_gemm and op == "mhc_pre":
-                return False
-            return dspark.served(op, T, H, ARCHITECTURE)
+            return dspark.served(op, T, H, ARCHITECTURE, deep_gemm)
 
         return serves
     from dsv4spec.integrations.vllm import hc_head, mhc

@@ -247,8 +247,9 @@ def _held_names(value: ast.AST) -> set[str] | None:
     attribute name, or a conditional between such expressions; None otherwise."""
     if isinstance(value, ast.Name):
         return {value.id}
-    if _getattr_name(value) is not None:
-        return {_getattr_name(value)}
+    attribute = _getattr_name(value)
+    if attribute is not None:
+        return {attribute}
     if isinstance(value, ast.IfExp):
         body, orelse = _held_names(value.body), _held_names(value.orelse)
         return None if body is None or orelse is None else body | orelse
