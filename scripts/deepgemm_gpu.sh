@@ -15,6 +15,10 @@
 # .device-tl/tilelang_*.tar.xz (TileLang, the engines' pin), .device-sg/sglang_subset.tar.xz
 # (SGLang's Python files). vLLM's source: .vllm-src/0.33.0 (with utils/deep_gemm.py: make setup).
 # Planned for 10-minute calls: smoke + tune-sglang in one, tune-vllm in another (docs/benchmarks.md).
+# TRITON=3.8 runs every step under Triton 3.8 (the engines' stack, what torch 2.14.x installs):
+# .device-t38/triton38_site.tar.xz (../shared/tools/triton-bundle.sh .device-t38), unpacked into
+# /tmp/t38 once; it does not fit one call beside TileLang, so a machine kept warm from an earlier
+# call (whose bundles stay unpacked in /tmp) runs it with the Triton bundle alone carried.
 set -uo pipefail
 OUT=${1:?usage: deepgemm_gpu.sh OUT_DIR [steps...]}
 shift
@@ -23,6 +27,12 @@ mkdir -p "$OUT/tables"
 cd "$(dirname "$0")/.."
 . scripts/gpu_lib.sh
 engine_bundles
+if [ "${TRITON:-}" = 3.8 ]; then
+  for b in .device-t38/triton38_*.tar.xz; do unpack "$b" /tmp/t38; done
+  [ -e /tmp/t38/.done ] || { echo "TRITON=3.8: no Triton 3.8 bundle unpacked in /tmp/t38"; exit 1; }
+  P=/tmp/t38:$P
+fi
+[ -e /tmp/tl/.done ] || echo "no TileLang unpacked in /tmp/tl: the engines' mHC peers cannot load"
 [ -d .vllm-src/0.33.0/vllm ] && export DSV4SPEC_VLLM_SRC=$PWD/.vllm-src/0.33.0
 export PYTHONPATH=$P
 

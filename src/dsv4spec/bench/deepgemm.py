@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 
 __all__ = ["CHOICES", "DEEPGEMM", "TILELANG", "DeepGemmUnavailable", "add_argument",
-           "describe", "gemm_path", "resolve"]
+           "describe", "gemm_path", "measured_against", "resolve"]
 
 CHOICES = ("auto", "on", "off")
 # the two pre-norm GEMM paths a peer can measure, as results record them
@@ -96,6 +96,23 @@ def gemm_path(op: str, T: int, deep_gemm: bool) -> str:
                       or (op in BOUNDARY_OPS and T > FUSED_TILELANG_MAX_TOKENS)):
         return DEEPGEMM
     return TILELANG
+
+
+def measured_against(op: str, counts, deep_gemm: bool) -> str:
+    """A table entry's ``measured_against`` for ``op`` timed at ``counts`` with the engines'
+    DeepGEMM on or off: the engine path that actually ran at those counts (:func:`gemm_path`).
+    ``"tilelang, DeepGEMM off"`` where DeepGEMM was off; with it on, ``"deepgemm"`` where every
+    count ran DeepGEMM's GEMM, ``"tilelang, DeepGEMM on"`` where none did (the op has no
+    pre-norm GEMM, or every count stayed in the fused one-launch kernel), and where both ran,
+    ``"tilelang to 32 tokens, deepgemm above"`` (the fused boundary's hand-over)."""
+    if not deep_gemm:
+        return "tilelang, DeepGEMM off"
+    paths = {c: gemm_path(op, c, True) for c in counts}
+    if paths and all(p == DEEPGEMM for p in paths.values()):
+        return DEEPGEMM
+    if DEEPGEMM not in paths.values():
+        return "tilelang, DeepGEMM on"
+    return f"tilelang to {FUSED_TILELANG_MAX_TOKENS} tokens, deepgemm above"
 
 
 def describe(module: ModuleType | None) -> str:

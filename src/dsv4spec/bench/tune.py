@@ -41,7 +41,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -172,6 +172,25 @@ VLLM_GRIDS: dict[str, Grid] = {hook: Grid(
     for hook, seconds in (("hc_head", 1.0), ("mhc_pre", 4.0), ("mhc_post", 1.0),
                           ("mhc_fused_post_pre", 4.0))}
 ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
+# With the engines' DeepGEMM measured, SGLang's capped mHC hooks are timed past their 32-token cap
+# too, against the path SGLang runs there (DeepGEMM's GEMM): up to 512 tokens, where MTP and
+# DSpark verify batches reach.
+DEEPGEMM_COUNTS = (33, 64, 128, 256, 512)
+
+
+def grids_for(engine: str, deep_gemm: bool) -> dict[str, Grid]:
+    """``engine``'s grids, with DeepGEMM on (``deep_gemm``) its capped mHC hooks extended over
+    :data:`DEEPGEMM_COUNTS`, where the engine's op runs DeepGEMM's GEMM."""
+    grids = ENGINE_GRIDS[engine]
+    if not deep_gemm:
+        return grids
+    out = dict(grids)
+    for hook, g in grids.items():
+        if g.max_count is not None and any(deepgemm.gemm_path(hook, c, True) == deepgemm.DEEPGEMM
+                                           for c in DEEPGEMM_COUNTS):
+            out[hook] = replace(g, counts=tuple(sorted({*g.counts, *DEEPGEMM_COUNTS})),
+                                max_count=max(DEEPGEMM_COUNTS), note=None)
+    return out
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
 # after 20 s of loading: benchmarks/results/logs/tune_rerun.log)
@@ -229,11 +248,12 @@ def hook_seconds(g: Grid, quick: bool) -> tuple[int, float]:
     return len(points), (len(points) + refine) * per_point + len(keys) * COMPILE_SECONDS[g.group]
 
 
-def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[str], float]:
+def plan(hooks: list[str], quick: bool, engine: str = "sglang",
+         deep_gemm: bool = False) -> tuple[list[str], float]:
     """One line per hook (keys, counts, modes, points) and the estimated seconds in all."""
     lines, total = [], START_SECONDS
     for hook in hooks:
-        g = ENGINE_GRIDS[engine][hook]
+        g = grids_for(engine, deep_gemm)[hook]
         points = g.points(quick)
         keys = sorted({k for k, _ in points})
         counts = sorted({c for _, c in points})
@@ -246,7 +266,7 @@ def plan(hooks: list[str], quick: bool, engine: str = "sglang") -> tuple[list[st
 
 
 def calls(hooks: list[str], quick: bool, engine: str = "sglang",
-          limit: float = CALL_SECONDS) -> list[list[str]]:
+          limit: float = CALL_SECONDS, deep_gemm: bool = False) -> list[list[str]]:
     """``hooks`` in the order given, cut into runs each estimated to end within ``limit``
     seconds (its start included); a hook longer than that is a run of its own, which the same
     command resumes from its ``.partial`` file where a call was cut short."""
@@ -256,7 +276,7 @@ def calls(hooks: list[str], quick: bool, engine: str = "sglang",
     runs: list[list[str]] = []
     spent = limit
     for hook in hooks:
-        seconds = hook_seconds(ENGINE_GRIDS[engine][hook], quick)[1]
+        seconds = hook_seconds(grids_for(engine, deep_gemm)[hook], quick)[1]
         if runs and spent + seconds <= limit:
             runs[-1].append(hook)
             spent += seconds
@@ -399,11 +419,17 @@ def derived_fields(entry: dict, engine: str, hook: str, num_sms: int | None = No
 
 
 def entry_from_points(g: Grid, points: dict[int, dict[int, dict]], num_sms: int | None = None,
-                      stack: str | None = None) -> dict:
+                      stack: str | None = None, deep_gemm: bool = False) -> dict:
     """A hook's table entry from ``{key: {count: {mode: [ours_us, engine_us]}}}`` measured on
-    ``num_sms`` SMs under Triton ``stack`` (default: the imported one)."""
+    ``num_sms`` SMs under Triton ``stack`` (default: the imported one), beside the engine's mHC
+    kernels with DeepGEMM on (``deep_gemm``) or off: ``measured_against`` names the path that ran
+    at the measured counts (:func:`deepgemm.measured_against`)."""
+    against = g.measured_against
+    if g.group in ("mhc", "vllm"):
+        counts = {c for by_count in points.values() for c in by_count}
+        against = deepgemm.measured_against(g.hook, counts, deep_gemm)
     entry = {"key": g.key, "between_keys": g.between_keys, "count": g.count,
-             "max_count": g.max_count, "measured_against": g.measured_against}
+             "max_count": g.max_count, "measured_against": against}
     measured = {"max_count": g.max_count,
                 "points": {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
                                   for k, by_count in sorted(points.items())}
@@ -793,7 +819,7 @@ def _read_argument(argument: str, path: Path, read):
 
 
 def main(args: argparse.Namespace) -> int:
-    grids = ENGINE_GRIDS[args.engine]
+    grids = grids_for(args.engine, args.deepgemm == "on")
     hooks = list(dict.fromkeys(args.hooks if args.hooks is not None else grids))
     others = [h for h in hooks if h not in grids]
     if others and not (args.compare or args.report or args.derive):
@@ -819,14 +845,15 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print("\n".join(f"wrote {p}" for p in written))
         return 0
-    lines, seconds = plan(hooks, args.quick, args.engine)
+    lines, seconds = plan(hooks, args.quick, args.engine, args.deepgemm == "on")
     if args.plan:
         points = sum(hook_seconds(grids[h], args.quick)[0] for h in hooks)
-        runs = calls(hooks, args.quick, args.engine)
+        runs = calls(hooks, args.quick, args.engine, deep_gemm=args.deepgemm == "on")
         print("\n".join(lines) + f"\nin all {points} points, ~{seconds / 60:.1f} min on an H200 "
               f"(estimate); in runs of at most {CALL_SECONDS / 60:.0f} min each:\n" + "\n".join(
                   f"  dsv4spec tune --engine {args.engine} --hooks {' '.join(run)}"
-                  + (" --quick" * args.quick) for run in runs))
+                  + (" --quick" * args.quick) + (" --deepgemm on" * (args.deepgemm == "on"))
+                  for run in runs))
         return 0
     if not torch.cuda.is_available():
         print("dsv4spec tune: error: needs a CUDA GPU (none visible); nothing was written",
@@ -840,6 +867,8 @@ def main(args: argparse.Namespace) -> int:
     env = environment()
     # a partial measured against the other GEMM is not resumed
     env["deep_gemm"] = deepgemm.describe(engine_gemm)
+    grids = grids_for(args.engine, engine_gemm is not None)
+    lines, seconds = plan(hooks, args.quick, args.engine, engine_gemm is not None)
     out_dir = args.out_dir if args.out_dir is not None else tables.user_dir()
     # one file per stack: the plugins read only tables measured under the Triton they run
     stack = tables.stack_of(env["triton"])
@@ -933,15 +962,18 @@ def main(args: argparse.Namespace) -> int:
     # the last run's provenance; an earlier run's engine version is kept beside it
     data["measured"] = {
         **data.get("measured", {}), "date": datetime.date.today().isoformat(),
-        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda", "sm_count") if k in env},
+        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda", "sm_count", "deep_gemm")
+           if k in env},
         **versions,
         "command": f"dsv4spec tune --engine {args.engine} --hooks {' '.join(hooks)}"
-                   + (" --quick" * args.quick), "quick": args.quick}
+                   + (" --quick" * args.quick) + f" --deepgemm {args.deepgemm}",
+        "quick": args.quick}
     engine = data["engines"].setdefault(args.engine, {})
     for hook in hooks:
         engine[hook] = entry_from_points(grids[hook], {
             int(k): {int(c): r for c, r in by_count.items()}
-            for k, by_count in state["points"][slot[hook]].items()}, sms, stack)
+            for k, by_count in state["points"][slot[hook]].items()}, sms, stack,
+            engine_gemm is not None)
         if args.engine == "vllm":  # the release whose kernels were measured
             engine[hook]["engine_versions"] = [versions["vllm"]]
     tables.validate(data)

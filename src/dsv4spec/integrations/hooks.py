@@ -147,6 +147,38 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
     return False
 
 
+# (logger name, engine path, rows' path, op) already told at WARNING
+_told_paths: set[tuple[str, str, str, str]] = set()
+
+
+def path_matches(table: FasterTable, architecture: Architecture | None, op: str,
+                 num_tokens: int, engine_deep_gemm: bool, logger: logging.Logger) -> bool:
+    """Whether the rows of ``table`` deciding ``architecture`` were measured against the path the
+    engine's ``op`` takes at ``num_tokens``: DeepGEMM's pre-norm GEMM (``engine_deep_gemm``) or
+    the engine's own kernels. A table of files records its rows' path per count
+    (``measured_against``: :func:`dsv4spec.integrations.tables.deepgemm_above`); one set by hand
+    (tests) holds the engine's own kernels. Where the two differ the rows say nothing of the
+    kernel running, so the hook steps aside: False, with one WARNING per op and pair of paths
+    naming both. True where no rows decide (nothing is served then anyway)."""
+    if architecture is None or table.get(architecture) is None:
+        return True
+    above = getattr(table, "deepgemm_above", {}).get(architecture)
+    rows_deep_gemm = above is not None and num_tokens > above
+    if rows_deep_gemm == engine_deep_gemm:
+        return True
+    names = {True: "DeepGEMM's pre-norm GEMM", False: "its own kernels without DeepGEMM"}
+    told = (logger.name, names[engine_deep_gemm], names[rows_deep_gemm], op)
+    if told not in _told_paths:
+        _told_paths.add(told)
+        logger.warning(
+            "dsv4spec: %s runs %s at %d tokens, but the measured-faster rows for it (%s) were "
+            "timed against %s; the hook steps aside wherever the two differ (a `dsv4spec tune` "
+            "run beside the path this engine takes measures it)", op, names[engine_deep_gemm],
+            num_tokens, getattr(table, "sources", {}).get(architecture, "set by hand"),
+            names[rows_deep_gemm])
+    return False
+
+
 @dataclass(frozen=True)
 class Gate:
     """How one hook decides where it runs dsv4spec's ops, as data for reports (``dsv4spec

@@ -82,6 +82,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -231,10 +232,8 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
     # which of the engine's paths ours was timed against ("tilelang, DeepGEMM off")
     against = entry.get("measured_against")
     if against is not None:
-        if not (isinstance(against, str) and against.strip()):
-            raise ValueError(f"{what}.measured_against: expected the engine path measured, got "
-                             f"{against!r}")
         out["measured_against"] = against
+        out["deepgemm_above"] = deepgemm_above(against, f"{what}.measured_against")
     if "unmeasured" in entry:
         gaps = entry["unmeasured"]
         if not isinstance(gaps, dict) or set(gaps) - set(MODES):
@@ -255,6 +254,31 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
             raise ValueError(f"{what}.engine_versions: expected a list of version strings")
         out["engine_versions"] = tuple(versions)
     return out
+
+
+# The engine paths a row can be measured against (``measured_against``): the engines' mHC kernels
+# with their pre-norm GEMM in TileLang (DeepGEMM off, or on where the op runs no DeepGEMM GEMM at
+# the counts measured), DeepGEMM's GEMM at every count, or the fused boundary's TileLang kernel up
+# to N tokens and DeepGEMM's GEMM above; SGLang's Triton and torch kernels.
+_NO_DEEPGEMM_PATHS = ("tilelang, DeepGEMM off", "tilelang, DeepGEMM on", "triton", "torch")
+DEEPGEMM_PATH = "deepgemm"
+_SPLIT_PATH = re.compile(r"tilelang to ([1-9][0-9]*) tokens, deepgemm above")
+
+
+def deepgemm_above(measured_against: Any, what: str = "measured_against") -> int | None:
+    """The count above which rows ``measured_against`` were timed against the engine's DeepGEMM
+    GEMM: 0 (every count), N (``"tilelang to N tokens, deepgemm above"``), or None (none: the
+    engine's own kernels alone). Raises ``ValueError`` naming ``what`` for another label."""
+    if measured_against == DEEPGEMM_PATH:
+        return 0
+    if measured_against in _NO_DEEPGEMM_PATHS:
+        return None
+    match = _SPLIT_PATH.fullmatch(measured_against) if isinstance(measured_against, str) else None
+    if match is None:
+        raise ValueError(f"{what}: expected the engine path measured (one of "
+                         f"{', '.join(map(repr, (*_NO_DEEPGEMM_PATHS, DEEPGEMM_PATH)))} or "
+                         f"'tilelang to N tokens, deepgemm above'), got {measured_against!r}")
+    return int(match.group(1))
 
 
 def validate(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
@@ -631,6 +655,9 @@ class FileTable(dict):
         super().__init__()
         self.engine, self.hook = engine, hook
         self.sources: dict[Architecture, Path | None] = {}
+        # per architecture read: the count above which its rows were measured against the
+        # engine's DeepGEMM GEMM (deepgemm_above; None: against its own kernels alone)
+        self.deepgemm_above: dict[Architecture, int | None] = {}
 
     def _load(self, architecture: Any) -> dict[str, KeyedSpans] | None:
         if not (isinstance(architecture, tuple) and len(architecture) == 2):
@@ -644,6 +671,7 @@ class FileTable(dict):
             lambda spans, rule: dict(spans))
         modes = {mode: keyed(_clipped(entry[mode], entry["max_count"]), entry["between_keys"])
                  for mode in MODES}
+        self.deepgemm_above[architecture] = entry.get("deepgemm_above")
         dict.__setitem__(self, architecture, modes)
         return modes
 
@@ -668,6 +696,7 @@ class FileTable(dict):
         """Drop what was read (after a new file was written, or :func:`clear_cache`)."""
         dict.clear(self)
         self.sources.clear()
+        self.deepgemm_above.clear()
 
 
 def faster_table(engine: str, hook: str) -> FileTable:

@@ -56,6 +56,7 @@ from dsv4spec.integrations.hooks import (
     deep_gemm_cases,
     gpu_architecture,
     measured_faster,
+    path_matches,
     run_where_measured_faster,
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
@@ -148,7 +149,8 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     cap, deep_from = MEASURED_MAX_TOKENS[op], DEEP_GEMM_FROM_TOKENS[op]
     if architecture is None or (cap is not None and num_tokens > cap):
         return False
-    if deep_gemm and deep_from is not None and num_tokens >= deep_from:
+    engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from
+    if not path_matches(TABLES[op], architecture, op, num_tokens, engine_deep_gemm, logger):
         return False
     return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
 
