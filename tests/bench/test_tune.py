@@ -22,41 +22,47 @@ DEVICE = "NVIDIA Test GPU"
 WIN, CLEAR, NEAR, LOSS = (1.0, 1.5), (1.0, 1.2), (1.0, 1.05), (2.0, 1.0)
 
 
-def test_a_segment_whose_points_all_won_one_clearly_is_ours_whole():
-    """One segment (no switch): every count from 1 to the largest measured takes ours when every
-    point won and one by the carry margin (1.10x in a graph); never beyond the largest."""
+def test_a_count_not_measured_is_ours_only_between_two_clear_wins_of_its_segment():
+    """One segment (no switch): a count without its own point takes ours only where the nearest
+    measured points on both sides won by the carry margin (1.10x in a graph); below the first
+    point and above the last nothing is carried, and those counts are listed unmeasured."""
     assert tables.CARRY_MARGIN == {"graph": 1.10, "eager": 1.25}
-    assert tune.spans_from_points({4: CLEAR, 64: NEAR}) == ((1, 64),)
-    assert tune.spans_from_points({2: WIN}) == ((1, 2),)
-    assert tune.spans_from_points({2: CLEAR}, carry=1.25) == ((2, 2),)  # eager's margin
-    # won, none clearly: the nearest measured count below decides, none below: the engine's
-    assert tune.spans_from_points({4: NEAR, 16: NEAR}) == ((4, 16),)
+    assert tune.spans_from_points({4: CLEAR, 64: CLEAR}) == ((4, 64),)
+    assert tune.spans_from_points({4: CLEAR, 64: NEAR}) == ((4, 4), (64, 64))
+    assert tune.spans_from_points({2: WIN}) == ((2, 2),)
+    assert tune.spans_from_points({2: CLEAR, 8: CLEAR}, carry=1.25) == ((2, 2), (8, 8))
+    assert tune.spans_from_points({4: NEAR, 16: NEAR}) == ((4, 4), (16, 16))
     assert tune.spans_from_points({1: LOSS, 8: LOSS}) == ()
     assert tune.spans_from_points({}) == ()
+    entry = {"points": {"graph": {"4096": [[4, *CLEAR], [16, *CLEAR], [64, *LOSS]]}}}
+    assert tune.unmeasured_of(entry, "sglang", tune.PAGE_TABLE) == {"graph": {"4096": [[1, 3]]}}
 
 
-def test_a_segment_whose_points_disagree_keeps_the_nearest_measured_rule():
-    assert tune.spans_from_points({1: WIN, 4: WIN, 16: LOSS, 64: WIN}) == ((1, 15), (64, 64))
-    # below the first point: its verdict only where it won clearly
-    assert tune.spans_from_points({4: WIN, 16: LOSS}) == ((1, 15),)
-    assert tune.spans_from_points({4: NEAR, 16: LOSS}) == ((4, 15),)
+def test_a_ratio_that_moves_across_a_segment_is_not_carried():
+    """vLLM's mhc_post in a graph, 2026-12: ours 1.42x at 64 tokens, 0.91x at 128 (no switch of
+    either kernel between): nothing between them is served, and a clear win with a loss beside
+    it covers only itself."""
+    assert tune.spans_from_points({64: (1.0, 1.42), 128: (4.61, 4.18)}) == ((64, 64),)
+    assert tune.spans_from_points({1: WIN, 4: WIN, 16: LOSS, 64: WIN}) == ((1, 4), (64, 64))
+    assert tune.spans_from_points({4: WIN, 16: LOSS}) == ((4, 4),)
     assert tune.spans_from_points({1: LOSS, 4: WIN, 16: WIN}) == ((4, 16),)
 
 
 def test_a_verdict_is_not_carried_across_a_tiling_switch():
     # mhc_post's tiling changes at 3, 9 and 33 tokens: each segment on its own points
-    assert tune.spans_from_points({1: WIN, 16: WIN, 64: LOSS}, (3, 9, 33)) == (
-        (1, 2), (9, 32))
-    assert tune.spans_from_points({4: WIN, 5: WIN, 8: LOSS}, (5,)) == ((1, 7),)
-    assert tune.spans_from_points({4: WIN, 5: LOSS, 8: WIN}, (5,)) == ((1, 4), (8, 8))
-    assert tune.spans_from_points({4: WIN}, (2, 3)) == ((3, 4),)  # 1-2: no point, the engine's
+    assert tune.spans_from_points({1: WIN, 2: WIN, 16: WIN, 32: WIN, 64: LOSS},
+                                  (3, 9, 33)) == ((1, 2), (16, 32))
+    assert tune.spans_from_points({4: WIN, 5: WIN, 8: LOSS}, (5,)) == ((4, 5),)
+    assert tune.spans_from_points({4: WIN, 5: LOSS, 8: WIN}, (5,)) == ((4, 4), (8, 8))
+    assert tune.spans_from_points({3: WIN, 4: WIN}, (2, 3)) == ((3, 4),)  # 1-2: no point
     assert tune.segment_verdicts({4: WIN}, (2, 3))[0] == ((1, 1), None)
     assert tune.unmeasured_of({"points": {"graph": {"7168": [[4, *WIN]]}}}, "sglang",
-                              "mhc_post") == {"graph": {"7168": [[1, 2]]}}
-    # a cap clips the segments listed: none above it
+                              "mhc_post") == {"graph": {"7168": [[1, 3]]}}
+    # a cap clips the counts listed: none above it
     assert tune.unmeasured_of({"max_count": 2, "points": {"graph": {"7168": [[4, *WIN]]}}},
                               "sglang", "mhc_post") == {"graph": {"7168": [[1, 2]]}}
-    assert tune.unmeasured_of({"points": {"graph": {"7168": [[1, *WIN], [4, *WIN]]}}},
+    assert tune.unmeasured_of({"points": {"graph": {"7168": [[1, *WIN], [2, *WIN],
+                                                              [3, *WIN], [4, *WIN]]}}},
                               "sglang", "mhc_post") == {}
 
 
@@ -119,11 +125,12 @@ def test_an_architecture_file_serves_only_clear_wins():
                        32: {"graph": [1.0, 2.0], "eager": [1.0, 1.25]}}})}}}
     arch = tune.architecture_file(data, "NVIDIA_Test_GPU.json")
     entry = tables.validate(arch)["sglang"]["mhc_post"]
-    # eager: both won by the margin, which is also eager's carry margin: their segment (9-32)
-    assert entry["graph"] == {7168: ((32, 32),)} and entry["eager"] == {7168: ((9, 32),)}
+    # eager: both won by the margin, which is also eager's carry margin: the counts between
+    # them (16-32; 9-15 lie below the segment's first point)
+    assert entry["graph"] == {7168: ((32, 32),)} and entry["eager"] == {7168: ((16, 32),)}
     assert arch["device"] is None and arch["derived"] == {
         "device": DEVICE, "file": "NVIDIA_Test_GPU.json", "margin": 1.25}
-    assert tables.validate(data)["sglang"]["mhc_post"]["graph"] == {7168: ((9, 32),)}
+    assert tables.validate(data)["sglang"]["mhc_post"]["graph"] == {7168: ((16, 32),)}
     with pytest.raises(ValueError, match="not a device file"):
         tune.architecture_file(arch, "sm_90.json")
     del data["measured"]["sm_count"]
@@ -233,10 +240,10 @@ def test_written_entries_serve_ours_exactly_at_the_points_it_won():
                 assert tables.served(read, key, count, mode == "graph") == (ours < engine)
     # mhc_post's tiling changes at 3, 9, 33 and 129 tokens: a win covers its own side only
     assert tune.plans.tiling_switches("sglang", "mhc_post", 4096, 64) == (3, 9, 33)
-    assert read["graph"] == {4096: ((1, 2), (9, 32)), 7168: ()}  # 7168: a tie is SGLang's
-    assert read["eager"] == {4096: ((9, 64),), 7168: ((1, 1),)}
-    # 3-8 and, at 7168, all above 1: no point there, listed
-    assert read["unmeasured"]["graph"] == {4096: ((3, 8),)}
+    assert read["graph"] == {4096: ((1, 1), (16, 16)), 7168: ()}  # 7168: a tie is SGLang's
+    assert read["eager"] == {4096: ((16, 16), (64, 64)), 7168: ((1, 1),)}
+    # 3-8 (no point) and the counts of each segment beyond its one point: listed
+    assert read["unmeasured"]["graph"] == {4096: ((2, 15), (17, 63))}
     assert read["measured_against"] == "tilelang, DeepGEMM off"
     assert read["points"]["graph"]["4096"][0] == [1, 1.0, 2.0]
 
@@ -307,9 +314,9 @@ def test_an_interrupted_run_resumes_and_the_plugins_read_its_file(fake_gpu, monk
     assert data["measured"]["sm_count"] == 132
     post = tables.validate(data)["sglang"]["mhc_post"]
     # coarse 1, 4, 16, 64 ... and both sides of mhc_post's planner switches (2-3, 8-9, 32-33,
-    # 128-129), bisected between 16 (won) and 32 (lost): 23, 19 (won), 21; 19 covers 19-20, up
-    # to the next measured point
-    assert post["graph"][7168] == ((1, 20),) and post["eager"][7168] == ()
+    # 128-129), bisected between 16 (won) and 32 (lost): 23, 19 (won), 21; 20, between 19 (won)
+    # and 21 (lost), is not carried
+    assert post["graph"][7168] == ((1, 19),) and post["eager"][7168] == ()
     post_counts = {c for h, k, c in FakeMeasure.calls if h == "mhc_post" and k == 7168}
     assert post_counts >= {2, 3, 8, 9, 19, 21, 23, 32, 33, 128, 129}
     # the plugins prefer the user file for this device and decide from it
@@ -318,8 +325,8 @@ def test_an_interrupted_run_resumes_and_the_plugins_read_its_file(fake_gpu, monk
     monkeypatch.setattr(tables, "_device_sm_count", lambda arch: 132)
     for table in PLUGIN_TABLES:
         table.reload()
-    assert mhc.prefers_dsv4spec("mhc_post", 20, 7168, True, (9, 0))
-    assert not mhc.prefers_dsv4spec("mhc_post", 21, 7168, True, (9, 0))
+    assert mhc.prefers_dsv4spec("mhc_post", 19, 7168, True, (9, 0))
+    assert not any(mhc.prefers_dsv4spec("mhc_post", c, 7168, True, (9, 0)) for c in (20, 21))
     assert mhc.SGLANG_MHC_POST_FASTER.sources[(9, 0)] == path
     assert metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, True, (9, 0))
     assert not metadata.prefers_dsv4spec(metadata.EXPAND, 16, 3, False, (9, 0))
@@ -532,12 +539,15 @@ def test_report_shows_what_each_hook_serves_and_every_point(capsys):
     data = json.loads(path.read_text())
     entry = data["engines"]["sglang"]["mhc_pre"]
     share = tune.served_share(entry, ("graph",))["graph"]
+    gaps = entry.get("unmeasured", {}).get("graph")
     assert f"| sglang | mhc_pre | hidden_size | graph | {tune._describe(entry['graph'])} | " \
-           f"{share:.0%} | - | tilelang, DeepGEMM off |" in out
+           f"{share:.0%} | {tune._describe(gaps) if gaps else '-'} | tilelang, DeepGEMM off |" \
+           in out
     assert "| sglang | build_page_table_positions_triton | page_table_width | eager | " \
            "engine's always | - | - | triton |" in out
-    assert "| sglang | mhc_fused_post_pre | hidden_size | graph | {4096: 1-4 8-32; 7168: 1-4 " \
-           "8-32} | 100% | {4096: 5-7; 7168: 5-7} | tilelang, DeepGEMM off |" in out
+    assert "| sglang | mhc_fused_post_pre | hidden_size | graph | {4096: 1-4 8-8 16-16 32-32; " \
+           "7168: 1-4 8-8 16-16 32-32} | 100% | {4096: 5-7 9-15 17-31; 7168: 5-7 9-15 17-31} | " \
+           "tilelang, DeepGEMM off |" in out
     points = sum(len(rows) for hooks in data["engines"].values() for e in hooks.values()
                  for keyed in e["points"].values() for rows in keyed.values())
     assert "| vllm | hc_head | hidden_size | graph |" in out
@@ -589,7 +599,9 @@ def test_vllm_hooks_are_tuned_beside_vllms_kernels_into_the_same_file(fake_gpu, 
     for table in VLLM_TABLES.values():
         table.reload()
     try:
-        assert vllm_hooks.prefers_dsv4spec("hc_head", 19, 7168, True, (9, 0))
+        assert vllm_hooks.prefers_dsv4spec("hc_head", 18, 7168, True, (9, 0))
+        # 19: between 18 (won) and 20 (lost), nothing carried
+        assert not vllm_hooks.prefers_dsv4spec("hc_head", 19, 7168, True, (9, 0))
         assert not vllm_hooks.prefers_dsv4spec("hc_head", 20, 7168, True, (9, 0))
         assert not vllm_hooks.prefers_dsv4spec("hc_head", 1, 7168, False, (9, 0))
         assert VLLM_TABLES["hc_head"].sources[(9, 0)] == path

@@ -24,10 +24,10 @@ SM90, SM100 = (9, 0), (10, 0)
 # NVIDIA_H200.json). The plugin must decide what that run's measured points say, read here by a
 # lookup written independently of dsv4spec.integrations.tables and dsv4spec tune: at a measured
 # key (the nearer smaller measured key where keys are widths, never beyond the largest), ours is
-# served at a count when the nearest measured count at or below it was won by ours in that mode
-# (on another GPU of the architecture, the architecture file's, by 1.25x or more) and no planner
-# switch of the hook's op lies between the two, the largest measured count covering only itself;
-# counts above a cap, other architectures and, on a GPU of other SMs, counts from the first one
+# served at a measured count where ours won there in that mode (on another GPU of the
+# architecture, the architecture file's, by 1.25x or more), and at a count not measured only
+# where the nearest measured counts on both sides, with no planner switch of the hook's op or
+# the engine's kernel between them, both won by the carry margin; counts above a cap, other architectures and, on a GPU of other SMs, counts from the first one
 # whose launch plan differs there get SGLang's.
 HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head", "dspark_hc_head",
          "build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
@@ -109,10 +109,10 @@ def measured_decides(hook: str, key: int, count: int, in_graph: bool, architectu
         return False
     if count in [row[0] for row in segment]:
         return won(next(row for row in segment if row[0] == count))
-    if all(won(row) for row in segment) and any(won(row, clearly) for row in segment):
-        return True
+    # not measured: ours only between two measured points of its segment, both won clearly
     below = [row for row in segment if row[0] < count]
-    return won(below[-1]) if below else won(segment[0], clearly)
+    above = [row for row in segment if row[0] > count]
+    return bool(below and above) and won(below[-1], clearly) and won(above[0], clearly)
 
 
 def test_the_packaged_decisions_at_points_read_off_the_h200_run(fresh):
@@ -640,7 +640,7 @@ def test_a_gpu_of_other_sms_takes_a_table_only_below_the_first_plan_difference(f
     has no split count and keeps its ranges."""
     fresh(H200, sm_count=78)
     with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
-        assert plugin_decides("target_hc_head", 7168, 128, True, SM90)
+        assert plugin_decides("target_hc_head", 7168, 64, True, SM90)
         assert not plugin_decides("target_hc_head", 7168, 256, True, SM90)
         assert plugin_decides("mhc_post", 7168, 16384, True, SM90)
         assert vllm_hooks.prefers_dsv4spec("mhc_pre", 16, 7168, True, SM90)

@@ -1,11 +1,11 @@
 """Every decode count (1-64 tokens) asked of each table-gated hook's own decision function, both
 engines, both widths, in a graph and eagerly, for an H200 under each stack (its device file) and
-for another GPU of its architecture (the architecture file): a count left to the engine has a
-measured loss behind it (in its segment: no tiling switch of ours or the engine's kernel between
-it and the point; or a near-tie there, a win under the carry margin, which a count not measured
-does not take), or its segment was never measured and the file lists it as ``unmeasured``;
-the list names no segment that was measured since (it only shrinks by measuring); and no count
-is served as ours where its segment's measurements give it to the engine."""
+for another GPU of its architecture (the architecture file): a count left to the engine was
+measured a loss, or lies between two measured points of its segment (no tiling switch of ours or
+the engine's kernel between) not both won by the carry margin, or has no measured point on one
+side in its segment and the file lists it as ``unmeasured``; the list names no count measured
+since (it only shrinks by measuring); and no count is served as ours without a measured win at
+it or clear wins on both sides of it in its segment."""
 
 import json
 
@@ -77,19 +77,22 @@ def audit(name, device, stack):
                         lo, hi = segment_of(engine, hook, H, stack, T)
                         segment = [r for r in rows if lo <= r[0] <= hi]
                         here = [r for r in segment if r[0] == T]
-                        below = [r for r in segment if r[0] < T]
+                        below = [r for r in segment if r[0] < T][-1:]
+                        above = [r for r in segment if r[0] > T][:1]
+                        # not measured: between two points of its segment, both won clearly
+                        between = bool(below and above) and won(below[0], clearly) and won(
+                            above[0], clearly)
                         what = (engine, hook, mode, H, T)
                         if decides(T, H, mode == "graph"):
-                            deciding = here or below[-1:] or segment[:1]
-                            if not deciding or not won(deciding[-1]):
+                            if not (won(here[0]) if here else between):
                                 faults.append(("ours, measured the engine's", *what))
                         elif here:
                             if won(here[0]):
                                 faults.append(("the engine's, measured ours", *what))
-                        elif not segment:
+                        elif not (below and above):
                             gaps.setdefault((engine, hook, mode, str(H)), []).append(T)
-                        elif all(won(r, clearly) for r in segment):
-                            faults.append(("the engine's, no loss in its segment", *what))
+                        elif between:
+                            faults.append(("the engine's, between two clear wins", *what))
     return data, faults, gaps
 
 
@@ -124,7 +127,8 @@ def test_the_audit_fails_on_an_unlisted_gap_and_on_a_stale_list(monkeypatch, tmp
     monkeypatch.setenv(tables.TABLES_DIR_ENV, str(tmp_path / "user"))
     data = json.loads((tables.PACKAGED_DIR / "NVIDIA_H200.json").read_text())
     boundary = data["engines"]["sglang"]["mhc_fused_post_pre"]
-    assert boundary["unmeasured"]["graph"]["7168"] == [[5, 7]]  # ours switches at 5, SGLang's at 8
+    # ours switches at 5, 9 and 17, SGLang's at 8: measured at 4, 8, 16 and 32
+    assert boundary["unmeasured"]["graph"]["7168"] == [[5, 7], [9, 15], [17, 31]]
     slot = ("sglang", "mhc_fused_post_pre", "graph", "7168")
     path = tmp_path / "user" / "NVIDIA_H200.json"
     path.parent.mkdir()
@@ -132,12 +136,13 @@ def test_the_audit_fails_on_an_unlisted_gap_and_on_a_stale_list(monkeypatch, tmp
     del boundary["unmeasured"]["graph"]["7168"]
     path.write_text(tables.dumps(data))
     _, _, gaps = audit("NVIDIA_H200.json", H200, "3.6")
-    assert gaps[slot] == [5, 6, 7] and slot not in listed(data)  # unlisted
-    boundary["unmeasured"]["graph"]["7168"] = [[5, 7]]
-    boundary["points"]["graph"]["7168"].append([6, 1.0, 2.0])  # 5-7 measured now
+    listed_counts = [*range(5, 8), *range(9, 16), *range(17, 32)]
+    assert gaps[slot] == listed_counts and slot not in listed(data)  # unlisted
+    boundary["unmeasured"]["graph"]["7168"] = [[5, 7], [9, 15], [17, 31]]
+    boundary["points"]["graph"]["7168"] += [[5, 1.0, 2.0], [6, 1.0, 2.0], [7, 1.0, 2.0]]
     path.write_text(tables.dumps(data))
     _, faults, gaps = audit("NVIDIA_H200.json", H200, "3.6")
-    assert slot not in gaps and listed(data)[slot] == [5, 6, 7]  # stale
+    assert gaps[slot] == listed_counts[3:] and listed(data)[slot] == listed_counts  # stale
     assert ("the engine's, measured ours", *slot[:3], 7168, 6) in faults
 
 

@@ -302,7 +302,7 @@ def spans_from_points(points: dict[int, tuple[float, float]], switches: tuple[in
         if verdict is None:
             continue
         for c in range(lo, hi + 1):
-            if not verdict(c):
+            if not verdict(c):  # False, or None: nothing measured behind it
                 continue
             if spans and spans[-1][1] == c - 1:
                 spans[-1] = (spans[-1][0], c)
@@ -315,13 +315,15 @@ def segment_verdicts(points: dict[int, tuple[float, float]], switches: tuple[int
                      margin: float | None = None,
                      carry: float = tables.CARRY_MARGIN["graph"]) -> list:
     """Per segment of the counts ``1..max(points)`` split at ``switches``, ``((lo, hi),
-    verdict)``: ``verdict(count)`` says whether ours is served there; None where no count of
-    the segment was measured (the engine's, an unmeasured segment). A measured count is ours
-    where ours won there (:func:`wins` with ``margin``). A count not measured takes ours where
-    every point of its segment was won and one of them by ``carry`` or more (``margin`` if
-    larger): its segment runs the same tilings on both sides, and a clear win is not a
-    near-tie that the count's other size could turn. Otherwise the nearest measured count below
-    it in the segment decides (the nearest above where none is below: only by a clear win)."""
+    verdict)``: ``verdict(count)`` says whether ours is served there, None where it rests on no
+    measurement (:func:`unmeasured_verdict`); ``verdict`` is None where no count of the segment
+    was measured. A measured count is ours where ours won there (:func:`wins` with
+    ``margin``). A count not measured takes ours only between two measured points of its
+    segment that both won by ``carry`` or more (``margin`` if larger): the same tilings run on
+    both sides of it, and a ratio can move across a segment (vLLM's mhc_post went from 1.42x at
+    64 tokens to 0.91x at 128), so a clear win on one side says nothing of the other. A count
+    between two points not both won clearly is the engine's by measurement; one below the
+    segment's first point or above its last is the engine's with nothing measured behind it."""
     if not points:
         return []
     clear_margin = max(carry, margin or 1.0)
@@ -333,15 +335,15 @@ def segment_verdicts(points: dict[int, tuple[float, float]], switches: tuple[int
             continue
         won = {c: wins(*points[c], margin) for c in measured}
         clear = {c: wins(*points[c], clear_margin) for c in measured}
-        whole = all(won.values()) and any(clear.values())
 
-        def verdict(c: int, measured=measured, won=won, clear=clear, whole=whole) -> bool:
+        def verdict(c: int, measured=measured, won=won, clear=clear) -> bool | None:
             if c in won:
                 return won[c]
-            if whole:
-                return True
-            below = [m for m in measured if m < c]
-            return won[below[-1]] if below else clear[measured[0]]
+            if c < measured[0] or c > measured[-1]:
+                return None
+            below = max(m for m in measured if m < c)
+            above = min(m for m in measured if m > c)
+            return clear[below] and clear[above]
 
         out.append(((lo, hi), verdict))
     return out
@@ -349,9 +351,10 @@ def segment_verdicts(points: dict[int, tuple[float, float]], switches: tuple[int
 
 def unmeasured_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
                   stack: str | None = None) -> dict[str, dict[str, list[list[int]]]]:
-    """Per mode and key of an entry's ``points``, the segments (:func:`segment_verdicts`) no
-    point was measured in, below the cap: counts left to the engine with no measurement behind
-    them, until ``tune`` measures there. Only modes and keys with such a segment appear."""
+    """Per mode and key of an entry's ``points``, the counts below the cap left to the engine
+    with no measurement behind them (:func:`segment_verdicts`): segments no point was measured
+    in, and counts below the first or above the last point of their segment, until ``tune``
+    measures there. Only modes and keys with such counts appear."""
     out: dict[str, dict[str, list[list[int]]]] = {}
     cap = entry.get("max_count")
     for mode, keyed in entry.get("points", {}).items():
@@ -360,9 +363,16 @@ def unmeasured_of(entry: dict, engine: str, hook: str, num_sms: int | None = Non
                 continue
             top = max(r[0] for r in rows)
             switches = plans.segment_switches(engine, hook, int(key), top, num_sms, stack)
-            gaps = [[lo, hi if cap is None else min(hi, cap)] for (lo, hi), verdict in
-                    segment_verdicts({r[0]: (r[1], r[2]) for r in rows}, switches)
-                    if verdict is None and (cap is None or lo <= cap)]
+            gaps = []
+            for (lo, hi), verdict in segment_verdicts({r[0]: (r[1], r[2]) for r in rows},
+                                                      switches):
+                hi = hi if cap is None else min(hi, cap)
+                for c in range(lo, hi + 1):
+                    if verdict is None or verdict(c) is None:
+                        if gaps and gaps[-1][1] == c - 1:
+                            gaps[-1][1] = c
+                        else:
+                            gaps.append([c, c])
             if gaps:
                 out.setdefault(mode, {})[key] = gaps
     return out

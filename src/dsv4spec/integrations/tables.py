@@ -56,13 +56,13 @@ measured key gets nothing, never an extrapolation. ``dsv4spec tune`` writes the 
 the points segment by segment: a segment is a maximal range of counts with no tiling switch of
 ours or of the engine's kernel inside (:func:`dsv4spec.integrations.plans.segment_switches`),
 and a count is decided only from points of its segment, never beyond the largest measured
-count. A measured count is ours where ours won there; one not measured is ours where every
-point of its segment won and one by ``CARRY_MARGIN`` (1.10x in a graph, 1.25x eagerly; an
-architecture file's margin where larger), else the nearest measured count below it in the
-segment decides (none below: the first above, by a clear win only). A segment without a point
-is the engine's and listed in ``unmeasured`` (optional, written by ``tune``: per mode and key,
-its inclusive ranges), so that a count left to the engine has either a measured loss behind it
-or a listed segment; ``tune`` measures both sides of every switch, so a full run lists none.
+count. A measured count is ours where ours won there; one not measured is ours only between
+two measured points of its segment that both won by ``CARRY_MARGIN`` (1.10x in a graph, 1.25x
+eagerly; an architecture file's margin where larger). A count below its segment's first point or
+above its last, and every count of a segment without a point, is the engine's and listed in
+``unmeasured`` (optional, written by ``tune``: per mode and key, its inclusive ranges), so that
+a count left to the engine has either a measured loss or near-tie beside it or a listed range;
+``tune`` measures both sides of every switch, so a full run lists none.
 ``measured_against`` (optional, written by ``tune``) names the engine path ours was timed
 against: ``"tilelang, DeepGEMM off"`` (the mHC kernels of both engines, vLLM's hc_head),
 ``"triton"`` (SGLang's target hc_head, the metadata builders), ``"torch"`` (SGLang's draft
