@@ -2,6 +2,7 @@
 the running engine takes that path: DeepGEMM's pre-norm GEMM or the engine's own kernels
 (``measured_against``, written by ``dsv4spec tune`` from the GEMM that ran at each count)."""
 
+import json
 import logging
 
 import pytest
@@ -45,14 +46,40 @@ def test_tunes_label_reads_back_as_the_path_that_ran_at_every_count(op, deep_gem
         assert (above is not None and c > above) == ran, (op, deep_gemm, top, c)
 
 
-def test_tune_writes_the_path_that_ran_and_extends_the_capped_hooks_with_deepgemm_on():
-    off, on = tune.grids_for("sglang", False), tune.grids_for("sglang", True)
-    assert off is tune.GRIDS
-    for hook in ("mhc_pre", "mhc_fused_post_pre"):
-        assert off[hook].max_count == 32 and on[hook].max_count == max(tune.DEEPGEMM_COUNTS)
-        assert set(tune.DEEPGEMM_COUNTS) <= {c for _, c in on[hook].points(False)}
-    assert on["mhc_post"] == off["mhc_post"]  # no pre-norm GEMM: nothing to measure beyond
-    assert tune.grids_for("vllm", True) == tune.VLLM_GRIDS  # vLLM's grids have no cap
+@pytest.mark.parametrize("engine", tune.ENGINES)
+def test_with_deepgemm_on_tune_measures_the_gemm_hooks_to_512_across_deepgemms_splits(engine):
+    """The hooks with a pre-norm GEMM are measured beside DeepGEMM's path up to 512 tokens, on
+    both sides of every change of DeepGEMM's split count and of the hand-over at 33 tokens; the
+    others keep their grids."""
+    off, on = tune.grids_for(engine, False), tune.grids_for(engine, True)
+    assert off is tune.ENGINE_GRIDS[engine]
+    for hook, g in on.items():
+        if hook not in ("mhc_pre", "mhc_fused_post_pre"):
+            assert g == off[hook]
+            continue
+        assert g.max_count == 512 and g.deepgemm_above == {"mhc_pre": 0,
+                                                           "mhc_fused_post_pre": 32}[hook]
+        for key in g.keys:
+            counts = {c for k, c in g.points(False) if k == key}
+            assert set(tune.DEEPGEMM_COUNTS) <= counts
+            splits = [tune.plans.deepgemm_splits(key, c, 132) for c in range(1, 514)]
+            changes = [c for c in range(2, 513) if splits[c - 1] != splits[c - 2]]
+            assert changes and all({c - 1, c} <= counts for c in changes), (hook, key)
+
+
+def test_deepgemms_split_count_is_the_engines():
+    """SGLang's ``_compute_num_split_for_mhc_pre`` and vLLM's ``compute_num_split``: 132 SMs
+    over the 64-token row blocks, at most a quarter of the 64-wide K blocks (K = 4 H)."""
+    split = tune.plans.deepgemm_splits
+    assert [split(7168, t, 132) for t in (1, 64, 65, 128, 129, 256, 4096)] == [
+        112, 112, 66, 66, 44, 33, 2]
+    assert [split(4096, t, 132) for t in (1, 128, 129)] == [64, 64, 44]
+    assert tune.plans.deepgemm_switches(4096, 0, 512, 132) == (129, 193, 257, 321, 385, 449)
+    assert tune.plans.segment_switches("vllm", "mhc_post", 7168, 512, deepgemm_above=0) == \
+        tune.plans.segment_switches("vllm", "mhc_post", 7168, 512)  # no GEMM there
+
+
+def test_tune_writes_the_path_that_ran():
     points = {7168: {1: {"graph": [1.0, 2.0], "eager": [1.0, 2.0]},
                      64: {"graph": [3.0, 2.0], "eager": [3.0, 2.0]}}}
     against = {(h, dg): tables.validate_hook(tune.entry_from_points(
@@ -137,3 +164,15 @@ def test_sglang_follows_the_same_rule_within_its_cap(fresh):
         assert sglang_hooks.prefers_dsv4spec("mhc_pre", c, 7168, True, SM90,
                                              deep_gemm=True) == (c <= cap)
         assert not sglang_hooks.prefers_dsv4spec("mhc_pre", c, 7168, True, SM90)
+
+
+def test_a_verdict_beside_deepgemm_is_not_carried_across_its_split_change():
+    """Rows measured against DeepGEMM's GEMM: its split count changes at 65 tokens (H = 7168),
+    so clear wins at 64 and 128 say nothing of 65-127, listed unmeasured until measured."""
+    g = tune.grids_for("vllm", True)["mhc_pre"]
+    win = {"graph": [1.0, 2.0], "eager": [1.0, 2.0]}
+    entry = tables.validate_hook(json.loads(tables.dumps(tune.entry_from_points(
+        g, {7168: {64: win, 128: win}}, deep_gemm=True))), "mhc_pre")
+    assert entry["measured_against"] == "deepgemm"
+    assert entry["graph"][7168] == ((64, 64), (128, 128))
+    assert entry["unmeasured"]["graph"][7168] == ((1, 63), (65, 127))

@@ -105,6 +105,9 @@ class Grid:
     whole_of: int = 1
     engine: str = "sglang"  # whose hook: the planner switches are its op's
     measured_against: str = "tilelang, DeepGEMM off"
+    # measured beside the engine's DeepGEMM GEMM above this many tokens (None: DeepGEMM off or
+    # no pre-norm GEMM): DeepGEMM's split changes are switches too
+    deepgemm_above: int | None = None
 
     def measurable(self, count: int) -> int:
         """``count``, rounded down to a count this hook's shapes can hold."""
@@ -123,7 +126,8 @@ class Grid:
         out = []
         for k in keys:
             sides = () if quick else {c for s in plans.segment_switches(
-                self.engine, self.hook, k, top, num_sms) for c in (s - 1, s)}
+                self.engine, self.hook, k, top, num_sms, deepgemm_above=self.deepgemm_above)
+                for c in (s - 1, s)}
             out += [(k, c) for c in sorted({*counts, *sides})
                     if self.max_count is None or c <= self.max_count]
         return out
@@ -172,24 +176,28 @@ VLLM_GRIDS: dict[str, Grid] = {hook: Grid(
     for hook, seconds in (("hc_head", 1.0), ("mhc_pre", 4.0), ("mhc_post", 1.0),
                           ("mhc_fused_post_pre", 4.0))}
 ENGINE_GRIDS = {"sglang": GRIDS, "vllm": VLLM_GRIDS}
-# With the engines' DeepGEMM measured, SGLang's capped mHC hooks are timed past their 32-token cap
-# too, against the path SGLang runs there (DeepGEMM's GEMM): up to 512 tokens, where MTP and
-# DSpark verify batches reach.
-DEEPGEMM_COUNTS = (33, 64, 128, 256, 512)
+# With the engines' DeepGEMM on, the mHC hooks with a pre-norm GEMM are timed against the path the
+# engine runs (DeepGEMM's GEMM from the count deepgemm.gemm_path says) up to 512 tokens, where MTP
+# and DSpark verify batches reach (SGLang's past their 32-token cap; vLLM's no further: from 33
+# tokens DeepGEMM's path beat ours 1.3-2.2x on an H100, 2026-12-07), with both sides of every
+# change of DeepGEMM's split count (plans.deepgemm_switches).
+DEEPGEMM_COUNTS = (1, 2, 4, 8, 16, 32, 33, 64, 128, 256, 512)
 
 
 def grids_for(engine: str, deep_gemm: bool) -> dict[str, Grid]:
-    """``engine``'s grids, with DeepGEMM on (``deep_gemm``) its capped mHC hooks extended over
-    :data:`DEEPGEMM_COUNTS`, where the engine's op runs DeepGEMM's GEMM."""
+    """``engine``'s grids; with DeepGEMM on (``deep_gemm``), its hooks with a pre-norm GEMM
+    measured over :data:`DEEPGEMM_COUNTS` beside DeepGEMM's path."""
     grids = ENGINE_GRIDS[engine]
     if not deep_gemm:
         return grids
     out = dict(grids)
     for hook, g in grids.items():
-        if g.max_count is not None and any(deepgemm.gemm_path(hook, c, True) == deepgemm.DEEPGEMM
-                                           for c in DEEPGEMM_COUNTS):
-            out[hook] = replace(g, counts=tuple(sorted({*g.counts, *DEEPGEMM_COUNTS})),
-                                max_count=max(DEEPGEMM_COUNTS), note=None)
+        if hook not in plans.GEMM_HOOKS:
+            continue
+        above = min(c for c in range(1, max(DEEPGEMM_COUNTS) + 1)
+                    if deepgemm.gemm_path(hook, c, True) == deepgemm.DEEPGEMM) - 1
+        out[hook] = replace(g, counts=DEEPGEMM_COUNTS, max_count=max(DEEPGEMM_COUNTS),
+                            note=None, deepgemm_above=above)
     return out
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
@@ -349,6 +357,13 @@ def segment_verdicts(points: dict[int, tuple[float, float]], switches: tuple[int
     return out
 
 
+def _deepgemm_above(entry: dict) -> int | None:
+    """The count above which an entry's points were measured against DeepGEMM's GEMM (its
+    ``measured_against``: :func:`tables.deepgemm_above`), None for the engine's own kernels."""
+    against = entry.get("measured_against")
+    return None if against is None else tables.deepgemm_above(against)
+
+
 def unmeasured_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
                   stack: str | None = None) -> dict[str, dict[str, list[list[int]]]]:
     """Per mode and key of an entry's ``points``, the counts below the cap left to the engine
@@ -362,7 +377,8 @@ def unmeasured_of(entry: dict, engine: str, hook: str, num_sms: int | None = Non
             if not rows:
                 continue
             top = max(r[0] for r in rows)
-            switches = plans.segment_switches(engine, hook, int(key), top, num_sms, stack)
+            switches = plans.segment_switches(engine, hook, int(key), top, num_sms, stack,
+                                              _deepgemm_above(entry))
             gaps = []
             for (lo, hi), verdict in segment_verdicts({r[0]: (r[1], r[2]) for r in rows},
                                                       switches):
@@ -413,7 +429,7 @@ def spans_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
         out[mode] = {}
         for key, rows in keyed.items():
             switches = plans.segment_switches(engine, hook, int(key), max(r[0] for r in rows),
-                                              num_sms, stack) if rows else ()
+                                              num_sms, stack, _deepgemm_above(entry)) if rows else ()
             out[mode][key] = [list(s) for s in spans_from_points(
                 {c: (o, e) for c, o, e in rows}, switches, margin, tables.CARRY_MARGIN[mode])]
     return out
@@ -440,7 +456,7 @@ def entry_from_points(g: Grid, points: dict[int, dict[int, dict]], num_sms: int 
         against = deepgemm.measured_against(g.hook, counts, deep_gemm)
     entry = {"key": g.key, "between_keys": g.between_keys, "count": g.count,
              "max_count": g.max_count, "measured_against": against}
-    measured = {"max_count": g.max_count,
+    measured = {"max_count": g.max_count, "measured_against": against,
                 "points": {mode: {str(k): [[c, *r[mode]] for c, r in sorted(by_count.items())]
                                   for k, by_count in sorted(points.items())}
                            for mode in g.modes}}

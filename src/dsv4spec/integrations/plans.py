@@ -77,15 +77,46 @@ def engine_tiling_switches(engine: str, hook: str, max_count: int) -> tuple[int,
     return tuple(s for s in ENGINE_TILING_SWITCHES.get((engine, hook), ()) if s <= max_count)
 
 
+# The mHC hooks whose engine op has a pre-norm GEMM, which DeepGEMM computes where the engine
+# enables it; the GEMM's multiplier (hc) on the hidden size
+GEMM_HOOKS = ("mhc_pre", "mhc_fused_post_pre")
+HC_MULT = 4
+
+
+def deepgemm_splits(hidden_size: int, num_tokens: int, num_sms: int) -> int:
+    """The split-K count both engines launch DeepGEMM's ``tf32_hc_prenorm_gemm`` with (SGLang
+    0.5.23's ``_compute_num_split_for_mhc_pre``, vLLM's ``compute_num_split(64, K, cdiv(T,
+    64))``): the SMs over the 64-token row blocks, at most a quarter of the 64-wide K blocks."""
+    row_blocks = -(-num_tokens // 64)
+    k_blocks = -(-HC_MULT * hidden_size // 64)
+    return max(1, min(num_sms // row_blocks, k_blocks // 4))
+
+
+def deepgemm_switches(hidden_size: int, above: int, max_count: int,
+                      num_sms: int | None = None) -> tuple[int, ...]:
+    """The counts ``above + 2..max_count`` at which DeepGEMM's split count changes, for rows
+    measured against DeepGEMM's GEMM above ``above`` tokens (its launch changes with it)."""
+    sms = DEFAULT_SMS if num_sms is None else num_sms
+    return tuple(c for c in range(above + 2, max_count + 1)
+                 if deepgemm_splits(hidden_size, c, sms) != deepgemm_splits(hidden_size, c - 1,
+                                                                             sms))
+
+
 def segment_switches(engine: str, hook: str, hidden_size: int, max_count: int,
-                     num_sms: int | None = None,
-                     triton_stack: str | None = None) -> tuple[int, ...]:
+                     num_sms: int | None = None, triton_stack: str | None = None,
+                     deepgemm_above: int | None = None) -> tuple[int, ...]:
     """Every count ``2..max_count`` at which either side's tiling changes: ours
-    (:func:`tiling_switches`) and the engine's (:func:`engine_tiling_switches`). Between two of
-    them both kernels keep their tilings: a *segment*, what a measured verdict may cover."""
+    (:func:`tiling_switches`) and the engine's (:func:`engine_tiling_switches`; for rows measured
+    against DeepGEMM's GEMM above ``deepgemm_above`` tokens, also the count after it and
+    DeepGEMM's split changes, :func:`deepgemm_switches`). Between two of them both kernels keep
+    their tilings: a *segment*, what a measured verdict may cover."""
+    deep: tuple[int, ...] = ()
+    if deepgemm_above is not None and hook in GEMM_HOOKS:
+        deep = (*((deepgemm_above + 1,) if 1 < deepgemm_above + 1 <= max_count else ()),
+                *deepgemm_switches(hidden_size, deepgemm_above, max_count, num_sms))
     return tuple(sorted({*tiling_switches(engine, hook, hidden_size, max_count, num_sms,
                                           triton_stack),
-                         *engine_tiling_switches(engine, hook, max_count)}))
+                         *engine_tiling_switches(engine, hook, max_count), *deep}))
 
 
 def segments(switches: tuple[int, ...], top: int) -> list[tuple[int, int]]:
