@@ -636,3 +636,35 @@ def test_the_vllm_measurer_times_bench_vllms_checked_measurement(monkeypatch):
     g = tune.VLLM_GRIDS["mhc_fused_post_pre"]
     assert measure.point(g, 7168, 16, quick=False) == {"graph": [1.0, 2.0], "eager": [3.0, 4.0]}
     assert seen == [(peer, "mhc_fused_post_pre", 7168, 16)]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 1}'])
+def test_derive_on_a_bad_file_names_the_option_and_the_file_in_one_line(tmp_path, capsys,
+                                                                         content):
+    path = tmp_path / "NVIDIA_H200.json"
+    path.write_text(content)
+    assert cli.main(["tune", "--derive", str(path)]) == tune.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--derive {path}: not a readable tables file" in err
+    assert "nothing was written" in err and path.read_text() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NVIDIA_H200.json"]
+
+
+def test_derive_into_a_read_only_folder_says_which_file_it_could_not_write(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A read-only target (``[Errno 30]``): one line naming the option, the file and what was
+    written before it."""
+    path = tmp_path / "NVIDIA_H200.json"
+    path.write_text((tables.PACKAGED_DIR / "NVIDIA_H200.json").read_text())
+    write = tune._write_json
+
+    def read_only_for_the_architecture_file(target, data):
+        if target.name.startswith("sm_90"):
+            raise OSError(30, "Read-only file system", str(target))
+        write(target, data)
+
+    monkeypatch.setattr(tune, "_write_json", read_only_for_the_architecture_file)
+    assert cli.main(["tune", "--derive", str(path)]) == tune.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == (f"dsv4spec tune: error: --derive: cannot write {tmp_path / 'sm_90.json'} "
+                   f"(Read-only file system); wrote {path} before it\n")

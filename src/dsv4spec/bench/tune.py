@@ -522,8 +522,11 @@ def derive(paths: list[Path]) -> list[Path]:
     written."""
     out, targets = {}, {}
     for path in paths:
-        data = json.loads(path.read_text())
-        tables.validate(data)
+        try:
+            data = json.loads(path.read_text())
+            tables.validate(data)
+        except (OSError, ValueError) as e:  # json's errors are ValueErrors
+            raise ValueError(f"--derive {path}: not a readable tables file ({e})") from e
         target = path.with_name(architecture_file_name(path.name, data))
         if target in targets:
             raise ValueError(f"{path} and {targets[target]} both derive {target.name}: one "
@@ -533,9 +536,23 @@ def derive(paths: list[Path]) -> list[Path]:
         out[target] = architecture_file(out[path], path.name)
         tables.validate(out[path])
         tables.validate(out[target])
+    written: list[Path] = []
     for path, data in out.items():
-        _write_json(path, data)
-    return list(out)
+        try:
+            _write_json(path, data)
+        except OSError as e:
+            raise DeriveWriteError(f"--derive: cannot write {path} ({e.strerror or e})",
+                                   written) from e
+        written.append(path)
+    return written
+
+
+class DeriveWriteError(OSError):
+    """A file ``--derive`` could not write; ``written`` holds those it wrote before."""
+
+    def __init__(self, message: str, written: list[Path]) -> None:
+        super().__init__(message)
+        self.written = written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -866,6 +883,10 @@ def main(args: argparse.Namespace) -> int:
     if args.derive:
         try:
             written = derive(args.derive)
+        except DeriveWriteError as e:
+            print(f"dsv4spec tune: error: {e}; " + (f"wrote {', '.join(map(str, e.written))} "
+                  "before it" if e.written else "nothing was written"), file=sys.stderr)
+            return EXIT_USAGE
         except (OSError, ValueError) as e:
             print(f"dsv4spec tune: error: {e}; nothing was written", file=sys.stderr)
             return EXIT_USAGE
