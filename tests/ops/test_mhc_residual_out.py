@@ -67,12 +67,33 @@ def test_a_residual_out_that_does_not_fit_is_refused_before_any_write(case):
     assert torch.equal(storage, before)
 
 
+def test_in_place_on_cuda_is_refused_before_any_write_until_proven(monkeypatch):
+    """Until the GPU test below has passed, residual_out=residual on a CUDA tensor is refused
+    with a ValueError naming residual_out, before any launch (checked on a stand-in whose
+    ``is_cuda`` is true: the refusal reads nothing else of the device)."""
+    from dsv4spec.ops import mhc as mhc_ops
+
+    assert mhc_ops.IN_PLACE_ON_CUDA is False
+    args, kw = boundary_args(3, 40, torch.bfloat16)
+    residual = args[1].clone()
+    before = residual.clone()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    with pytest.raises(ValueError, match="residual_out: residual itself .* not yet proven on CUDA"):
+        mhc_post_pre(args[0], residual, *args[2:], **kw, impl="triton", residual_out=residual)
+    monkeypatch.undo()
+    assert torch.equal(residual, before)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [4096, 7168])
-def test_gpu_in_place_gives_the_bits_of_a_new_residual(H):
+def test_gpu_in_place_gives_the_bits_of_a_new_residual(H, monkeypatch):
     """On the GPU, where another program or thread could read a slice after its new value was
     stored: each partials kernel reads a slice of the four streams and stores it back from the
-    same threads, so in place is exact (bit for bit the out-of-place result)."""
+    same threads, so in place is exact (bit for bit the out-of-place result). The proof
+    ``IN_PLACE_ON_CUDA`` waits for."""
+    from dsv4spec.ops import mhc as mhc_ops
+
+    monkeypatch.setattr(mhc_ops, "IN_PLACE_ON_CUDA", True)
     for T in GPU_TOKENS:
         args, kw = boundary_args(T, H, torch.bfloat16, "cuda", seed=T)
         want = mhc_post_pre(*args, **kw)

@@ -103,10 +103,22 @@ def _param_ok(t, shape, dtypes, device) -> bool:
             and t.device == device and t.is_contiguous())
 
 
+# Whether residual_out=residual (in place) is accepted for CUDA tensors. Launch 1 loads each
+# token's four streams as a tile broadcast over fn's rows and stores the new streams at the same
+# addresses with no barrier between, so a warp holding a replica could read a value another warp
+# has already stored over; the interpreter (one program at a time) cannot show that. Refused on
+# CUDA until tests/ops/test_mhc_residual_out.py's GPU test (which switches it on) has passed.
+IN_PLACE_ON_CUDA = False
+
+
 def _check_residual_out(residual_out, residual):
     _check_tensor("residual_out", residual_out, residual.shape, (residual.dtype,),
                   residual.device)
     if residual_out.data_ptr() == residual.data_ptr():
+        if residual.is_cuda and not IN_PLACE_ON_CUDA:
+            raise ValueError("residual_out: residual itself (in place) is not yet proven on "
+                             "CUDA (a race between warps of the boundary's first launch is not "
+                             "excluded); pass a separate tensor")
         return
     nbytes = residual.numel() * residual.element_size()
     if (residual_out.data_ptr() < residual.data_ptr() + nbytes
@@ -496,9 +508,9 @@ def mhc_post_pre(
     fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, norm_weight, norm_eps, impl
         As in :func:`mhc_pre` (the next layer's).
     residual_out : Tensor ``[T, hc, H]``, optional
-        Where residual' is written and returned: ``residual`` itself (in place: each slice of
-        the streams is read before its new value is stored over it, by the program that stores
-        it) or a contiguous tensor like ``residual`` that shares none of its memory.
+        Where residual' is written and returned: a contiguous tensor like ``residual`` that
+        shares none of its memory, or, on the CPU only, ``residual`` itself (in place; refused
+        on CUDA until proven there: :data:`IN_PLACE_ON_CUDA`).
 
     Returns
     -------
