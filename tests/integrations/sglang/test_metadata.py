@@ -287,7 +287,7 @@ def test_first_sight_inside_a_capture_steps_aside(meta, monkeypatch):
 @pytest.mark.parametrize("op", [hooks.PAGE_TABLE, hooks.COMPRESSED])
 def test_shipped_tables_prefer_ours_in_graphs_at_the_measured_shape_only(op, h200_tables):
     lo, hi = MEASURED_ROWS
-    for rows in (lo, 4, 8, 32, 128, hi):
+    for rows in (lo, 4, 16, 64, 256, hi):  # measured there; between, only clear wins carry
         assert hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, True, (9, 0)), rows
         assert not hooks.prefers_dsv4spec(op, rows, MEASURED_PAGES, False, (9, 0)), rows
     for rows in (0, hi + 1, 4096):
@@ -308,7 +308,10 @@ def test_shipped_tables_through_sglang_call_chains(meta, monkeypatch, h200_table
     page_calls = counted(monkeypatch, "build_page_table_positions")
     c128_calls = counted(monkeypatch, "init_compressed_attn_metadata")
     capacity = PAGE * MEASURED_PAGES
-    x = make_batch(3, [1, 300, 70_000, 70_001, capacity - 1, capacity], capacity, seed=8)
+    # 16 query rows, a count the H200 run measured (between measured counts only clear wins
+    # carry)
+    lengths = [1, 300, 70_000, 70_001, capacity - 1, capacity, *(5_003 * i for i in range(1, 11))]
+    x = make_batch(3, lengths, capacity, seed=8)
 
     def step():  # make_core_attn_metadata's two calls
         prep = page_call(page_mod, x, capacity)

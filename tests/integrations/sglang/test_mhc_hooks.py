@@ -525,18 +525,20 @@ def test_shipped_tables_follow_the_h200_results(h200_tables):
     # benchmarks/results/tune/NVIDIA_H200.md (2026-12-01): in a graph ours won pre at T = 1-16
     # (H = 7168; 1-11 at H = 4096) and the boundary at every T up to the cap; post at T = 1-2 and
     # from 235 tokens (H = 7168; 1 and from 250 at H = 4096), SGLang's between; eager ours won all
-    # three everywhere. Served: a segment's counts (between two tiling switches, ours at 5, 9,
-    # 17 tokens) take ours where every point there won, one clearly (8 for 5-8). Nothing
-    # beyond the 32-token cap of the two that DeepGEMM serves above it, nor on other
-    # architectures or widths.
+    # three everywhere. Served: each measured count ours won, and a count not measured only
+    # between two points of its segment (no tiling switch between; ours at 5, 9, 17 tokens)
+    # that both won clearly: 5-7 lie below that segment's one point (8), 236-255 between a
+    # near win (235) and 256. Nothing beyond the 32-token cap of the two that DeepGEMM serves
+    # above it, nor on other architectures or widths.
     def ours(op, T, H=7168, graph=True, arch=SM90):
         return hooks.prefers_dsv4spec(op, T, H, graph, arch)
 
     assert ours("mhc_pre", 16) and not ours("mhc_pre", 17)
-    assert ours("mhc_pre", 4) and ours("mhc_pre", 5) and ours("mhc_pre", 8)
+    assert ours("mhc_pre", 4) and ours("mhc_pre", 8) and not ours("mhc_pre", 5)
     assert ours("mhc_pre", 11, 4096) and not ours("mhc_pre", 12, 4096)
     assert ours("mhc_post", 2) and not ours("mhc_post", 3) and not ours("mhc_post", 234)
     assert ours("mhc_post", 235) and ours("mhc_post", 16384) and not ours("mhc_post", 16385)
+    assert not ours("mhc_post", 236)
     assert ours("mhc_post", 1, 4096) and not ours("mhc_post", 2, 4096)
     for H in (4096, 7168):
         assert ours("mhc_fused_post_pre", 32, H) and not ours("mhc_fused_post_pre", 33, H)
