@@ -4,6 +4,7 @@ that matches no tested version, and (on an H200) the whole report validated."""
 
 import argparse
 import json
+import sys
 import types
 from pathlib import Path
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 H200 = {"device_name": "NVIDIA H200", "capability": (9, 0)}
 SM90 = (9, 0)
 KEYS = {"dsv4spec", "what_if", "gpu", "torch", "triton", "tables", "engines", "assumed_engines",
-        "numerics", "warnings", "problems", "exit"}
+        "packaged_gpus", "numerics", "warnings", "problems", "exit"}
 
 
 @pytest.fixture
@@ -65,8 +66,11 @@ def test_json_parses_and_has_the_documented_keys(no_gpu, capsys):
     assert all(f"`{key}`" in documented and f"``{key}``" in doctor.__doc__ for key in KEYS)
     assert set(report["engines"]) == {"sglang", "vllm"}
     hook = report["engines"]["sglang"]["hooks"]["mHC mhc_pre"]
-    assert {"target", "switched_on", "verdict", "installs", "kind", "ops", "table_file", "ranges",
-            "serves", "acts"} <= set(hook)
+    assert {"target", "switched_on", "switch_setting", "verdict", "installs", "kind", "ops",
+            "table_file", "ranges", "serves", "acts"} <= set(hook)
+    assert "import_error" in report["engines"]["sglang"]
+    for key in ("switch_setting", "import_error"):
+        assert f"`{key}`" in documented, key
 
 
 def direct_spans(decide, keys, top):
@@ -169,7 +173,9 @@ def test_what_if_without_an_engine_answers_for_every_packaged_version(no_engine,
     flat = " ".join(out.split())
     assert "H: hidden size (7168: DSV4-Pro, 4096: DSV4-Flash)" in flat
     assert "bs x 4 with MTP's 3 drafts and bs x 8 with DSpark's N = 7" in flat
-    assert "--engine vllm==0.34.0 answers for a tested version" in flat
+    assert ("vLLM not installed (--vllm-source DIR checks a source tree); answered for 0.33.0, "
+            "0.34.0 from the packaged manifests") in flat
+    assert "--engine" not in flat  # never told to pass what it answers for
     report = doctor.build_report(**H200, triton_stack="3.8", numerics=False)
     assert report["exit"] == 0 and not report["problems"]
     assumed = {(e["name"], e["assumed"]): e for e in report["assumed_engines"]}
@@ -388,3 +394,124 @@ def test_on_an_h200_with_the_packaged_tables_everything_is_validated(capsys):
     numerics = report["numerics"]
     assert numerics["run"] and numerics["ok"] and numerics["checks"]
     assert numerics["seconds"] < 30
+
+
+def test_an_engine_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no_engine, capsys):
+    """``--engine sglang==0.5.23`` on a machine without a GPU: the H200 its device files were
+    measured on, and the other sm_90 GPUs its architecture files serve, each as
+    ``--device-name`` (or ``--capability`` alone) answers for it; never told to pass the
+    ``--engine`` it was given."""
+    stack = tables.running_stack()
+    rc = main(["doctor", "--engine", "sglang==0.5.23"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    flat = " ".join(out.split())
+    for text in ("GPU none visible: answered for each GPU the packaged tables cover",
+                 "GPU NVIDIA H200 (measured), assumed",
+                 f"SGLang 0.5.23 (its packaged manifest) hooks on NVIDIA H200 (sm_90) under Triton "
+                 f"{stack}: 13 of 13 act",
+                 "GPU other sm_90 GPUs such as the H100, H800, H20 (derived from the H200's "
+                 "points), assumed",
+                 f"SGLang 0.5.23 (its packaged manifest) hooks on other sm_90 GPUs under Triton "
+                 f"{stack}:",
+                 "SGLang not installed (--sglang-source DIR checks a source tree); answered for "
+                 "0.5.23 from the packaged manifest", "legend T: tokens per call"):
+        assert text in flat, (text, out)
+    assert "--engine sglang" not in flat
+    engines = doctor.engine_versions(["sglang==0.5.23"])
+    report = doctor.build_report(numerics=False, engines=engines)
+    assert report["what_if"] and report["exit"] == 0 and not report["problems"]
+    measured, derived = report["packaged_gpus"]
+    assert (measured["label"], measured["basis"], measured["name"]) == (
+        "NVIDIA H200 (measured)", "measured", "NVIDIA H200")
+    assert (derived["basis"], derived["name"], derived["architecture"]) == ("derived", None,
+                                                                            [9, 0])
+    assert derived["label"] == ("other sm_90 GPUs such as the H100, H800, H20 (derived from the "
+                                "H200's points)")
+    assert [Path(p).name for p in derived["tables"]["serving"]] == [
+        tables.device_file_name("sm_90", None if stack == "3.6" else stack)]
+    # each answered as the what-if naming it answers
+    for each, what_if in ((measured, H200), (derived, {"capability": (9, 0)})):
+        alone = doctor.build_report(**what_if, numerics=False, engines=engines)
+        assert each["tables"]["serving"] == alone["tables"]["serving"]
+        assert each["assumed_engines"] == alone["assumed_engines"], each["label"]
+    # the derived table serves fewer counts than the H200's own
+    ranges = [e["assumed_engines"][0]["hooks"]["mHC mhc_post"]["ranges"][""]["graph"]
+              for e in (measured, derived)]
+    assert ranges[0] != ranges[1]
+
+
+def test_a_triton_stack_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no_engine):
+    report = doctor.build_report(triton_stack="3.8", numerics=False)
+    assert [each["label"].split(" (")[0] for each in report["packaged_gpus"]] == [
+        "NVIDIA H200", "other sm_90 GPUs such as the H100, H800, H20"]
+    assert [[Path(p).name for p in each["tables"]["serving"]]
+            for each in report["packaged_gpus"]] == [
+        ["NVIDIA_H200.triton3.8.json", "sm_90.triton3.8.json"], ["sm_90.triton3.8.json"]]
+    assert {(e["name"], e["assumed"]) for each in report["packaged_gpus"]
+            for e in each["assumed_engines"]} == {("SGLang", "0.5.23"), ("vLLM", "0.33.0"),
+                                                  ("vLLM", "0.34.0")}
+    assert report["exit"] == 0, report["problems"]
+
+
+@pytest.mark.parametrize("switch, value, shown", [
+    ("DSV4SPEC_VLLM_MHC", "maybe", "DSV4SPEC_VLLM_MHC='maybe', not a switch value: taken as off"),
+    ("DSV4SPEC_VLLM_MHC", "false", "DSV4SPEC_VLLM_MHC=false"),
+    ("DSV4SPEC_VLLM", "no", "DSV4SPEC_VLLM=no"),
+])
+def test_a_hook_switched_off_shows_its_switch_as_set(monkeypatch, switch, value, shown):
+    monkeypatch.setenv(switch, value)
+    report = doctor.build_report(**H200, numerics=False,
+                                 engines=doctor.engine_versions(["vllm==0.34.0"]))
+    hook = report["assumed_engines"][0]["hooks"]["mhc_pre"]
+    assert not hook["switched_on"] and hook["switch_setting"] == shown
+    text = " ".join(doctor.render(report).split())
+    assert f"mhc_pre off ({shown})" in text, text
+    assert "=0)" not in text
+
+
+def test_under_a_triton_without_tables_the_tables_line_names_the_files_of_other_stacks(capsys):
+    rc = main(["doctor", "--device-name", "NVIDIA H200", "--capability", "9.0",
+               "--triton-stack", "3.7", "--engine", "vllm==0.34.0"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert rc == 1
+    assert ("tables none of Triton 3.7 for NVIDIA H200 (sm_90): `dsv4spec tune`" in flat), flat
+    for name, stack in (("NVIDIA_H200.json", "3.6"), ("NVIDIA_H200.triton3.8.json", "3.8"),
+                        ("sm_90.json", "3.6"), ("sm_90.triton3.8.json", "3.8")):
+        assert f"{name} (packaged): Triton {stack}" in flat, (name, flat)
+    assert "its files of another Triton serve only under that one:" in flat
+    assert ("problem no table serves NVIDIA H200 (sm_90) under Triton 3.7: every table-gated "
+            "hook steps aside (its files need Triton 3.6 or 3.8)") in flat
+
+
+def test_an_installed_engine_that_does_not_import_is_reported(no_gpu, monkeypatch, tmp_path,
+                                                              capsys):
+    """Its source matches the manifest, but the engine cannot start: a problem, named."""
+    root = fake_sglang_source(tmp_path)
+    failure = "ModuleNotFoundError: No module named 'sgl_kernel'"
+    monkeypatch.setattr(doctor, "_installed", lambda engine, plugin: (
+        ("0.5.23", root) if engine == "sglang" else (None, None)))
+    monkeypatch.setattr(manifest, "verdicts", lambda spec, root, m: {
+        h: manifest.Verdict(h, ["0.5.23"]) for h in spec.hooks})
+    monkeypatch.setattr(doctor, "import_error", lambda engine: failure)
+    rc = main(["doctor", "--engine", "sglang==0.5.23"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert rc == 1
+    assert (f"13 of 13 hooks match tested 0.5.23; the source matches, but `import sglang` fails: "
+            f"{failure}") in flat, flat
+    assert (f"problem SGLang: `import sglang` fails: {failure}; SGLang cannot start here, so "
+            "none of its hooks loads") in flat
+    report = doctor.build_report(numerics=False)
+    assert report["engines"]["sglang"]["import_error"] == failure
+    assert report["engines"]["vllm"]["import_error"] is None
+    # a source tree given is not the installed engine: no import asked of it
+    report = doctor.build_report(numerics=False, sources={"sglang": root})
+    assert report["engines"]["sglang"]["import_error"] is None
+
+
+def test_the_import_check_runs_in_a_fresh_interpreter(monkeypatch):
+    monkeypatch.setattr(doctor, "_import_errors", {})
+    assert doctor.import_error("json") is None
+    assert doctor.import_error("dsv4spec_no_such_engine") == (
+        "ModuleNotFoundError: No module named 'dsv4spec_no_such_engine'")
+    assert "dsv4spec_no_such_engine" not in sys.modules

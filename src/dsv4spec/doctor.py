@@ -1,28 +1,33 @@
 """``dsv4spec doctor``: what dsv4spec's engine plugins would do on this machine, in one screen.
 
-The GPU and its architecture; torch and Triton; the installed SGLang and vLLM and whether each
-plugin's hooks support them (their source against the packaged manifests); the measured-faster
-table files for this GPU under this Triton; per hook, whether it would act and over which ranges
-in a CUDA graph and eagerly (asked of the plugins' own decision functions); and every op the
-acting hooks would launch, run once on this GPU against its reference (float64, or bit for bit).
+The GPU and its architecture; torch and Triton; the installed SGLang and vLLM, whether each
+imports, and whether each plugin's hooks support them (their source against the packaged
+manifests); the measured-faster table files for this GPU (those of the Triton stack serving it,
+and those of other stacks); per hook, whether it would act and over which ranges in a CUDA graph
+and eagerly (asked of the plugins' own decision functions), or the switch that turns it off as
+it is set; and every op the acting hooks would launch, run once on this GPU against its
+reference (float64, or bit for bit).
 
 ``--device-name``, ``--capability`` and ``--triton-stack`` ask what would happen on another GPU
 or under another Triton (the tables and the ranges; the numerics need that GPU and are skipped).
 ``--sglang-source`` and ``--vllm-source`` check an engine source tree that is not installed.
 ``--engine sglang==0.5.23`` (or ``vllm==0.34.0``, ``vllm`` for each packaged version) answers for
 a tested engine version from its packaged manifest, without the engine; where no engine is found
-(none installed, no source given), every packaged version is answered for. ``--json`` prints the
-report as one JSON object with the keys ``dsv4spec``, ``what_if``, ``gpu``, ``torch``,
-``triton``, ``tables``, ``engines``, ``assumed_engines``, ``numerics``, ``warnings``,
-``problems`` and ``exit`` (docs/doctor.md).
+(none installed, no source given), every packaged version is answered for. A what-if naming no
+GPU (``--engine`` or ``--triton-stack`` alone) on a machine without one answers for every GPU
+the packaged tables cover: each device file's GPU (measured) and each architecture file's other
+GPUs (derived from the measured GPU's points). ``--json`` prints the report as one JSON object
+with the keys ``dsv4spec``, ``what_if``, ``gpu``, ``torch``, ``triton``, ``tables``,
+``engines``, ``assumed_engines``, ``packaged_gpus``, ``numerics``, ``warnings``, ``problems``
+and ``exit`` (docs/doctor.md).
 
-Exit status 0: everything that would act is validated: a CUDA GPU (or the one assumed), each
-engine found has every hook's source matching a tested version, a table of the Triton stack
-serves the GPU, and every numerics check passed (in a what-if none is run: 0 says the rest is
-validated; a what-if without an engine is answered for the engines' packaged manifests). 1:
-something is not (``problems`` says what), or nothing would act: no CUDA GPU (every hook steps
-aside, the engines' own code runs), neither engine found on this machine (outside a what-if), no
-table for this GPU and Triton. 2: a bad argument.
+Exit status 0: everything that would act is validated: a CUDA GPU (or the ones assumed), each
+engine found imports and has every hook's source matching a tested version, a table of the
+Triton stack serves the GPU, and every numerics check passed (in a what-if none is run: 0 says
+the rest is validated; a what-if without an engine is answered for the engines' packaged
+manifests). 1: something is not (``problems`` says what), or nothing would act: no CUDA GPU
+(every hook steps aside, the engines' own code runs), neither engine found on this machine
+(outside a what-if), no table for this GPU and Triton. 2: a bad argument.
 """
 
 from __future__ import annotations
@@ -32,18 +37,22 @@ import contextlib
 import importlib
 import json
 import logging
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
 
 from dsv4spec import __version__
 from dsv4spec.integrations import manifest, tables
+from dsv4spec.integrations.hooks import switch_on
 from dsv4spec.kernels import launch
-from dsv4spec.usage import UsageError
+from dsv4spec.usage import UsageError, switch_setting
 
 # engine -> (its name for people, its plugin module)
 ENGINES = {"sglang": ("SGLang", "dsv4spec.integrations.sglang.plugin"),
@@ -170,7 +179,10 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
             raise UsageError(f"--{engine}-source", f"{root} holds no {engine}/ folder")
     gpu_what_if = device_name is not None or capability is not None or triton_stack is not None
     what_if = gpu_what_if or bool(engines)
-    gpu = _gpu(device_name, capability, triton_stack, gpu_what_if)
+    # A what-if naming no GPU on a machine without one: every GPU the packaged tables cover.
+    each_packaged = (what_if and device_name is None and capability is None
+                     and not torch.cuda.is_available())
+    gpu = _gpu(device_name, capability, triton_stack, gpu_what_if, each_packaged)
     report: dict[str, Any] = {
         "dsv4spec": __version__, "what_if": what_if, "gpu": gpu,
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
@@ -179,18 +191,23 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
                    "stack": gpu["stack"], "direct_launch": launch.direct_launch_layout()},
     }
     architecture = None if gpu["architecture"] is None else tuple(gpu["architecture"])
-    assumed = (tables.assuming(gpu["name"], gpu["stack"]) if gpu_what_if
+    assumed = (tables.assuming(gpu["name"], gpu["stack"]) if gpu_what_if and not each_packaged
                else contextlib.nullcontext())
-    with _collected_warnings() as warnings, assumed:
-        report["tables"] = _tables(gpu, architecture)
-        report["engines"] = {engine: _engine(engine, sources.get(engine), architecture,
-                                             gpu["name"])
-                             for engine in ENGINES}
-        if not engines and not any(e["source"] for e in report["engines"].values()):
-            engines = [(engine, m["version"]) for engine in ENGINES
-                       for m in _manifests(engine)]
-        report["assumed_engines"] = [_engine(engine, None, architecture, gpu["name"], version)
-                                     for engine, version in engines or []]
+    with _collected_warnings() as warnings:
+        with assumed:
+            report["tables"] = _tables(gpu, architecture)
+            found = {engine: _engine_source(engine, sources.get(engine)) for engine in ENGINES}
+            report["engines"] = {engine: _engine_on(base, architecture, gpu["name"])
+                                 for engine, base in found.items()}
+            if not engines and not any(e["source"] for e in report["engines"].values()):
+                engines = [(engine, m["version"]) for engine in ENGINES
+                           for m in _manifests(engine)]
+            answered = [_engine_source(engine, None, version) for engine, version in engines or []]
+            report["assumed_engines"] = [_engine_on(base, architecture, gpu["name"])
+                                         for base in answered]
+        shown = [base for base in found.values() if base.fields["source"] is not None]
+        report["packaged_gpus"] = ([_packaged_answer(each, gpu["stack"], shown, answered)
+                                    for each in packaged_gpus()] if each_packaged else [])
     report["numerics"] = _numerics(report, gpu, what_if, numerics)
     report["warnings"] = list(dict.fromkeys(warnings))
     report["problems"] = _problems(report)
@@ -199,8 +216,9 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
 
 
 def _gpu(device_name: str | None, capability: tuple[int, int] | None, stack: str | None,
-         what_if: bool) -> dict[str, Any]:
-    """The GPU the report is for: the visible one (the current device), or the one assumed."""
+         what_if: bool, each_packaged: bool = False) -> dict[str, Any]:
+    """The GPU the report is for: the visible one (the current device), or the one assumed;
+    with ``each_packaged``, none (every GPU the packaged tables cover is answered for)."""
     visible = torch.cuda.is_available()
     name = arch = None
     if visible:
@@ -209,8 +227,9 @@ def _gpu(device_name: str | None, capability: tuple[int, int] | None, stack: str
         arch = None if torch.version.hip else tuple(torch.cuda.get_device_capability(index))
     out = {"visible": visible, "name": name, "index": torch.cuda.current_device() if visible
            else None, "architecture": arch, "sm": None,
-           "stack": stack or tables.running_stack(), "assumed": what_if, "steps_aside": None}
-    if what_if:
+           "stack": stack or tables.running_stack(), "assumed": what_if or each_packaged,
+           "steps_aside": None}
+    if what_if and not each_packaged:
         if capability is None and (arch is None or device_name is not None):
             raise UsageError("--capability", "give the assumed GPU's compute capability "
                              "(9.0 for an H200)" + ("" if visible else ": no CUDA GPU is visible"))
@@ -218,14 +237,72 @@ def _gpu(device_name: str | None, capability: tuple[int, int] | None, stack: str
             out["name"], out["architecture"] = device_name, capability
         elif device_name is not None:
             out["name"] = device_name
-    elif not visible:
+    elif not visible and not each_packaged:
         out["steps_aside"] = NO_GPU
-    elif torch.version.hip:
+    elif visible and torch.version.hip:
         out["steps_aside"] = ROCM
     if out["architecture"] is not None:
         out["architecture"] = list(out["architecture"])
         out["sm"] = tables.architecture_name(tuple(out["architecture"]))
     return out
+
+
+# Other GPUs of a measured architecture, named where the report answers for its architecture
+# file (those of the measured GPU left out).
+OTHER_GPUS = {"sm_90": ("H100", "H800", "H20", "H200")}
+
+
+def packaged_gpus() -> list[dict[str, Any]]:
+    """The GPUs the packaged tables cover, each once whatever its stacks: one per device file
+    (``basis`` ``measured``), then one per architecture file (``derived``: the architecture's
+    other GPUs, which read it), each with the ``label`` the report gives it."""
+    devices: dict[str, dict[str, Any]] = {}
+    architectures: dict[str, dict[str, Any]] = {}
+    for path in sorted(tables.PACKAGED_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            sm = re.fullmatch(r"sm_([1-9][0-9]*)([0-9])", data["architecture"])
+            device, derived = data["device"], data.get("derived") or {}
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # the tables line of each GPU names an unreadable file of its chain
+        if sm is None:
+            continue
+        architecture = [int(sm[1]), int(sm[2])]
+        if device:
+            devices.setdefault(device, {"name": device, "architecture": architecture,
+                                        "basis": "measured", "label": f"{device} (measured)"})
+        else:
+            architectures.setdefault(data["architecture"], {
+                "name": None, "architecture": architecture, "basis": "derived",
+                "from": derived.get("device")})
+    for arch, entry in architectures.items():
+        measured = {_short_gpu(d["name"]) for d in devices.values() if d["architecture"]
+                    == entry["architecture"]}
+        others = [gpu for gpu in OTHER_GPUS.get(arch, ()) if gpu not in measured]
+        entry["label"] = (f"other {arch} GPUs" + (f" such as the {', '.join(others)}" if others
+                                                  else "")
+                          + (f" (derived from the {_short_gpu(entry['from'])}'s points)"
+                             if entry["from"] else ""))
+        del entry["from"]
+    return [*devices.values(), *architectures.values()]
+
+
+def _short_gpu(device_name: str) -> str:
+    """``NVIDIA H200`` -> ``H200``."""
+    return device_name.removeprefix("NVIDIA ").strip()
+
+
+def _packaged_answer(each: dict[str, Any], stack: str, found: list[_Found],
+                     answered: list[_Found]) -> dict[str, Any]:
+    """What the engines found and the versions answered for would do on a GPU of
+    :func:`packaged_gpus` under ``stack``: its tables and hooks, as ``--device-name`` (or
+    ``--capability`` alone, for an architecture's other GPUs) answers."""
+    architecture = tuple(each["architecture"])
+    gpu = {**each, "sm": tables.architecture_name(architecture), "stack": stack}
+    with tables.assuming(each["name"], stack):
+        return {**gpu, "tables": _tables(gpu, architecture),
+                "engines": {f.engine: _engine_on(f, architecture, each["name"]) for f in found},
+                "assumed_engines": [_engine_on(f, architecture, each["name"]) for f in answered]}
 
 
 @contextlib.contextmanager
@@ -251,13 +328,15 @@ def _collected_warnings() -> Iterator[list[str]]:
 
 
 def _tables(gpu: dict, architecture: tuple[int, int] | None) -> dict[str, Any]:
-    """The table files for this GPU and stack: each file of the chain that exists, with the
-    stack it was measured under (or why it is unreadable), and those serving, in order."""
+    """The table files for this GPU: each file of its chain under this stack that exists, then
+    those named for it under other stacks (``<device>.triton<M.m>.json``), with the stack each
+    was measured under (or why it is unreadable), and those serving, in order."""
     out: dict[str, Any] = {"user_dir": str(tables.user_dir()),
                            "packaged_dir": str(tables.PACKAGED_DIR), "files": [], "serving": []}
     if architecture is None:
         return out
-    for path in tables.candidates(gpu["name"], architecture, gpu["stack"]):
+    for path in [*tables.candidates(gpu["name"], architecture, gpu["stack"]),
+                 *_other_stack_files(gpu["name"], architecture)]:
         if not path.is_file() or any(f["path"] == str(path) for f in out["files"]):
             continue
         try:
@@ -269,10 +348,36 @@ def _tables(gpu: dict, architecture: tuple[int, int] | None) -> dict[str, Any]:
     return out
 
 
-def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | None,
-            device_name: str | None, assumed: str | None = None) -> dict[str, Any]:
-    """One engine: where its source is, each hook's manifest verdict, switch, gate and ranges;
-    with ``assumed`` (a tested version), that version's as its packaged manifest records it."""
+def _other_stack_files(device_name: str | None, architecture: tuple[int, int]) -> list[Path]:
+    """The files named for this GPU with a stack (``NVIDIA_H200.triton3.8.json``,
+    ``sm_90.triton3.8.json``), in the order of its chain: the user directory's device files,
+    the packaged device files, the packaged architecture files."""
+    stems = [(where, tables.device_file_name(device_name).removesuffix(".json"))
+             for where in (tables.user_dir(), tables.PACKAGED_DIR)] if device_name else []
+    stems.append((tables.PACKAGED_DIR, tables.architecture_name(architecture)))
+    found = []
+    for where, stem in stems:
+        if where.is_dir():
+            found += sorted((path for path in where.iterdir()
+                             if path.name.startswith(f"{stem}.triton") and path.suffix == ".json"),
+                            key=lambda path: _version_key(path.name[len(stem) + 7:-5]))
+    return found
+
+
+class _Found(NamedTuple):
+    """An engine's source and manifest verdicts, whatever the GPU: ``fields`` its report but the
+    hooks; ``found``, whether its source or a tested version is answered for."""
+
+    engine: str
+    plugin: Any
+    fields: dict[str, Any]
+    verdicts: dict[str, manifest.Verdict]
+    found: bool
+
+
+def _engine_source(engine: str, source: Path | None, assumed: str | None = None) -> _Found:
+    """One engine's source and verdicts: ``source`` (a tree given), else the installed one; with
+    ``assumed`` (a tested version), that version's as its packaged manifest records it."""
     name, module = ENGINES[engine]
     plugin = importlib.import_module(module)
     tested = plugin.manifests()
@@ -289,30 +394,75 @@ def _engine(engine: str, source: Path | None, architecture: tuple[int, int] | No
             new = manifest.uncovered(plugin.ENGINE_SPEC, root, tested, model_module)
             if new:
                 coverage[model_module] = new
+    installed = root is not None and source is None
+    fields = {"name": name, "installed": None if assumed else version,
+              "assumed": assumed, "source": None if root is None else str(root),
+              "source_given": source is not None,
+              "import_error": import_error(engine) if installed else None,
+              "tested": [m["version"] for m in tested], "coverage_changed": coverage}
+    return _Found(engine, plugin, fields, verdicts, root is not None or assumed is not None)
+
+
+def _engine_on(found: _Found, architecture: tuple[int, int] | None,
+               device_name: str | None) -> dict[str, Any]:
+    """The engine of ``found`` on a GPU of ``architecture`` named ``device_name``: each hook's
+    manifest verdict, switch, gate and ranges."""
+    plugin = found.plugin
     gates = plugin.gates()
     hooks = {}
     for hook in plugin.HOOKS:
-        verdict = verdicts.get(hook.name)
+        verdict = found.verdicts.get(hook.name)
         gate = gates.get(hook.name)
+        on = plugin.switched_on(hook)
         hooks[hook.name] = {
-            "target": hook.target, "switch": hook.switch, "switched_on": plugin.switched_on(hook),
+            "target": hook.target, "switch": hook.switch, "switched_on": on,
+            "switch_setting": _switch_setting(plugin, hook),
             "verdict": None if verdict is None else {
                 "ok": verdict.ok, "matches": verdict.matches, "absent": verdict.absent,
                 "reason": verdict.reason},
-            "installs": ((root is not None or assumed is not None) and plugin.switched_on(hook)
-                         and plugin.installs(verdict)),
-            **_gate_report(engine, gate, architecture, device_name)}
+            "installs": found.found and on and plugin.installs(verdict),
+            **_gate_report(found.engine, gate, architecture, device_name)}
     for entry in hooks.values():  # a hook that hands over another's launch acts where it does
         if entry["follows"] is not None:
             followed = hooks.get(entry["follows"], {})
             entry["serves"] = bool(followed.get("serves"))
     for entry in hooks.values():
         entry["acts"] = bool(entry["installs"] and entry["serves"])
-    return {"name": name, "installed": None if assumed else version,
-            "assumed": assumed, "source": None if root is None else str(root),
-            "source_given": source is not None,
-            "tested": [m["version"] for m in tested], "coverage_changed": coverage,
-            "hooks": hooks}
+    return {**found.fields, "hooks": hooks}
+
+
+def _switch_setting(plugin: Any, hook: Any) -> str:
+    """The environment switch that turns ``hook`` off as it is set (the plugin's master switch
+    first, where it has one), or its own switch's setting where none does."""
+    for switch in (getattr(plugin, "MASTER_SWITCH", None), hook.switch):
+        if switch is not None and not switch_on(switch):
+            return switch_setting(switch, True)
+    return switch_setting(hook.switch, True)
+
+
+# engine -> why ``import <engine>`` fails in this environment (None: it imports), asked once
+_import_errors: dict[str, str | None] = {}
+IMPORT_TIMEOUT_S = 120
+
+
+def import_error(engine: str) -> str | None:
+    """Why ``import <engine>`` fails in a fresh interpreter of this environment (its exception's
+    last line), or None where it imports; asked once per process, in a subprocess, so that the
+    doctor itself imports neither engine."""
+    if engine not in _import_errors:
+        try:
+            done = subprocess.run([sys.executable, "-c", f"import {engine}"],
+                                  capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            _import_errors[engine] = f"it did not finish in {IMPORT_TIMEOUT_S} s"
+        except OSError as e:
+            _import_errors[engine] = f"{type(e).__name__}: {e}"
+        else:
+            lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            _import_errors[engine] = (None if done.returncode == 0 else lines[-1] if lines
+                                      else f"exit status {done.returncode}")
+    return _import_errors[engine]
 
 
 def _manifest_verdicts(plugin: Any, version: str,
@@ -512,9 +662,14 @@ def _problems(report: dict) -> list[str]:
     if not found and not report["what_if"]:
         problems.append("neither SGLang nor vLLM found: no plugin would load")
     if gpu["architecture"] is not None and not report["tables"]["serving"]:
-        problems.append(f"no table serves {_gpu_label(gpu)} under Triton {gpu['stack']}: every "
-                        f"table-gated hook steps aside; {TUNE_HINT}")
-    for engine in found.values():
+        problems.append(_no_table(_gpu_label(gpu), gpu["stack"], report["tables"]))
+    for each in report["packaged_gpus"]:
+        if not each["tables"]["serving"]:
+            problems.append(_no_table(each["label"], each["stack"], each["tables"]))
+    for key, engine in found.items():
+        if engine["import_error"] is not None:
+            problems.append(f"{engine['name']}: `import {key}` fails: {engine['import_error']}; "
+                            f"{engine['name']} cannot start here, so none of its hooks loads")
         for name, entry in engine["hooks"].items():
             verdict = entry["verdict"]
             if entry["kind"] == "undeclared":
@@ -528,11 +683,25 @@ def _problems(report: dict) -> list[str]:
     if (gpu["architecture"] is not None and answered
             and not any(e["acts"] for engine in answered for e in engine["hooks"].values())):
         problems.append("no hook would act on this GPU")
+    for each in report["packaged_gpus"]:
+        answered = [*each["engines"].values(), *each["assumed_engines"]]
+        if answered and not any(e["acts"] for engine in answered
+                                for e in engine["hooks"].values()):
+            problems.append(f"no hook would act on {each['label']}")
     numerics = report["numerics"]
     for check in numerics["checks"]:
         if check["error"] is not None:
             problems.append(f"numerics {_point(check)}: {check['error']}")
     return problems
+
+
+def _no_table(label: str, stack: str, files: dict) -> str:
+    """The problem of a GPU no table of ``stack`` serves, naming the stacks its files need."""
+    others = sorted({f["stack"] for f in files["files"] if f["stack"] not in (None, stack)},
+                    key=_version_key)
+    return (f"no table serves {label} under Triton {stack}: every table-gated hook steps aside"
+            + (f" (its files need Triton {' or '.join(others)})" if others else "")
+            + f"; {TUNE_HINT}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,7 +713,10 @@ def render(report: dict) -> str:
     gpu = report["gpu"]
     lines = [f"dsv4spec {report['dsv4spec']} doctor" + (" (what-if)" if report["what_if"]
                                                         else "")]
-    if gpu["architecture"] is None:
+    if report["packaged_gpus"]:
+        lines += _wrapped("GPU", "none visible: answered for each GPU the packaged tables cover "
+                                 "(--device-name NAME --capability M.m asks for another)")
+    elif gpu["architecture"] is None:
         lines.append(_row("GPU", f"none: {gpu['steps_aside']}" if not gpu["visible"]
                           else f"{gpu['name']}: {gpu['steps_aside']}"))
     else:
@@ -556,15 +728,27 @@ def render(report: dict) -> str:
                            f" assumed, running {tr['running_stack']}")
     lines += _wrapped("torch", f"{t['version']} ({backend}); Triton {tr['version']} "
                                f"(stack {stack})" + _direct_launch_note(tr))
-    lines += _tables_lines(report)
+    if not report["packaged_gpus"]:
+        lines += _tables_lines(report["tables"], gpu)
+    answered: dict[str, list[str]] = {}  # the versions whose hook lines follow
+    if gpu["architecture"] is not None or report["packaged_gpus"]:
+        for engine in report["assumed_engines"]:
+            answered.setdefault(engine["name"], []).append(engine["assumed"])
     for engine in report["engines"].values():
-        lines += _wrapped(engine["name"], _engine_line(engine))
+        lines += _wrapped(engine["name"], _engine_line(engine, answered.get(engine["name"], [])))
+    shown = [e for e in report["engines"].values() if e["source"] is not None]
+    hooks = []
     if gpu["architecture"] is not None:
-        shown = [e for e in report["engines"].values() if e["source"] is not None]
         for engine in shown + report["assumed_engines"]:
-            lines += _hooks_lines(engine, gpu, report["tables"]["serving"])
-        if shown or report["assumed_engines"]:
-            lines += _wrapped("legend", LEGEND)
+            hooks += _hooks_lines(engine, gpu, report["tables"]["serving"])
+    for each in report["packaged_gpus"]:
+        hooks += _wrapped("GPU", f"{each['label']}, assumed")
+        hooks += _tables_lines(each["tables"], each)
+        for engine in [*each["engines"].values(), *each["assumed_engines"]]:
+            hooks += _hooks_lines(engine, each, each["tables"]["serving"])
+    lines += hooks
+    if hooks:
+        lines += _wrapped("legend", LEGEND)
     lines += _numerics_lines(report["numerics"])
     for message in report["warnings"]:
         lines += _wrapped("warning", message)
@@ -604,6 +788,8 @@ def _wrapped(label: str, text: str, indent: int = 10) -> list[str]:
 
 def _gpu_label(gpu: dict) -> str:
     sm = gpu.get("sm") or "?"
+    if gpu.get("basis") == "derived":
+        return f"other {sm} GPUs"
     return f"{gpu['name']} ({sm})" if gpu["name"] else sm
 
 
@@ -615,8 +801,7 @@ def _short_path(path: str) -> str:
     return path
 
 
-def _tables_lines(report: dict) -> list[str]:
-    files, gpu = report["tables"], report["gpu"]
+def _tables_lines(files: dict, gpu: dict) -> list[str]:
     if gpu["architecture"] is None:
         packaged = sorted(p.name for p in tables.PACKAGED_DIR.glob("*.json"))
         return _wrapped("tables", f"packaged: {', '.join(packaged)}; user dir "
@@ -629,14 +814,21 @@ def _tables_lines(report: dict) -> list[str]:
     text = (f"{', '.join(serving)} serve{'s' if len(serving) == 1 else ''} Triton {gpu['stack']}"
             if serving else f"none of Triton {gpu['stack']} for {_gpu_label(gpu)}: {TUNE_HINT}")
     if others:
-        text += f"; also {'; '.join(others)}"
+        text += (f"; also {'; '.join(others)}" if serving
+                 else f"; its files of another Triton serve only under that one: "
+                      f"{'; '.join(others)}")
     return _wrapped("tables", text)
 
 
-def _engine_line(engine: dict) -> str:
+def _engine_line(engine: dict, answered: list[str]) -> str:
+    """What was found of an engine; ``answered``: its tested versions answered for below."""
     if engine["source"] is None:
         name = engine["name"].lower()
         newest = max(engine["tested"], key=_version_key) if engine["tested"] else None
+        if answered:
+            return (f"not installed (--{name}-source DIR checks a source tree); answered for "
+                    f"{', '.join(answered)} from the packaged manifest"
+                    + ("s" if len(answered) > 1 else ""))
         return (f"not installed (--{name}-source DIR checks a source tree; --engine "
                 f"{name}=={newest} answers for a tested version)" if newest else "not installed")
     where = (f"source {engine['source']}" if engine["source_given"]
@@ -652,6 +844,9 @@ def _engine_line(engine: dict) -> str:
         text += f" ({absent} not defined by this version)"
     if len(matching) < len(defined):
         text += f"; the rest step aside (tested: {', '.join(engine['tested']) or 'none'})"
+    if engine["import_error"] is not None:
+        text += (f"; {'the source matches, but ' if matching else ''}`import "
+                 f"{engine['name'].lower()}` fails: {engine['import_error']}")
     return text
 
 
@@ -679,7 +874,7 @@ def _hooks_lines(engine: dict, gpu: dict, serving_files: list[str]) -> list[str]
 def _hook_text(entry: dict, serving: str | None = None) -> str:
     verdict = entry["verdict"]
     if not entry["switched_on"]:
-        return f"off ({entry['switch']}=0)"
+        return f"off ({entry['switch_setting']})"
     if verdict is not None and verdict["absent"]:
         return "not defined by this version"
     if not entry["installs"]:

@@ -202,55 +202,6 @@ def test_the_summary_waits_for_deepseek_v4s_import(vllm, tmp_path, caplog):
                            if not plugin.verdicts(vllm.model)[hook.name].absent}
 
 
-@pytest.fixture
-def vllm_logging(monkeypatch):
-    """vLLM's logging as ``vllm.logger`` configures it by default (a handler on the ``vllm``
-    logger, INFO, not propagated); the ``dsv4spec`` logger and the root as they are, restored
-    after the test. Yields the records vLLM's handler received."""
-    records: list[logging.LogRecord] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    for name in (plugin.VLLM_LOGGER, plugin.DSV4SPEC_LOGGER):
-        log = logging.getLogger(name)
-        monkeypatch.setattr(log, "handlers", list(log.handlers))  # the original list kept
-        for attr in ("level", "propagate"):
-            monkeypatch.setattr(log, attr, getattr(log, attr))
-    engine = logging.getLogger(plugin.VLLM_LOGGER)
-    engine.handlers = [Collect()]
-    engine.setLevel(logging.INFO)
-    engine.propagate = False
-    return records
-
-
-def test_dsv4spec_lines_reach_vllms_handlers(vllm, vllm_logging):
-    root = logging.getLogger()
-    root_state = (list(root.handlers), root.level)
-    engine = logging.getLogger(plugin.VLLM_LOGGER)
-    engine_state = (list(engine.handlers), engine.level, engine.propagate)
-    register()
-    logging.getLogger("dsv4spec.integrations.vllm").info("an INFO line of a hook")
-    logging.getLogger("dsv4spec.ops").debug("below vLLM's level")
-    messages = [r.getMessage() for r in vllm_logging]
-    assert any(is_summary(m) for m in messages)
-    assert "an INFO line of a hook" in messages and "below vLLM's level" not in messages
-    assert (list(root.handlers), root.level) == root_state, "the root logger is untouched"
-    assert (list(engine.handlers), engine.level, engine.propagate) == engine_state
-    register()  # once per process: no second handler
-    logging.getLogger("dsv4spec").warning("once")
-    assert [r.getMessage() for r in vllm_logging].count("once") == 1
-
-
-def test_a_dsv4spec_logging_configuration_of_the_application_is_kept(vllm, vllm_logging):
-    own = logging.NullHandler()
-    logging.getLogger(plugin.DSV4SPEC_LOGGER).handlers = [own]
-    register()
-    assert logging.getLogger(plugin.DSV4SPEC_LOGGER).handlers == [own]
-    assert not vllm_logging
-
-
 def test_modules_imported_after_register_are_patched_on_import(vllm, tmp_path):
     """The plugin runs before vLLM imports DeepSeek-V4 (a worker's ``load_model``): the model
     modules are patched when they execute."""

@@ -470,19 +470,41 @@ VLLM_LOGGER = "vllm"
 DSV4SPEC_LOGGER = "dsv4spec"
 
 
+class ThroughVllm(logging.Handler):
+    """dsv4spec's records through vLLM's handlers while the root logger has none: where the
+    application configured the root (or put vLLM's handler there), the records propagate to it
+    as every library's do, and are handled there once."""
+
+    def __init__(self, engine: logging.Logger) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger().handlers:
+            return False
+        for handler in self.engine.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:  # handle() passes records on
+        self.handle(record)
+
+
 def _log_through_vllm() -> None:
-    """Give dsv4spec's loggers vLLM's handlers, level and propagation where vLLM configured its
-    logger and nothing configured dsv4spec's: vLLM leaves the root logger bare, where INFO lines
-    are dropped (and WARNINGs reach stderr unformatted). Neither the root logger nor vLLM's are
-    touched; an application's own configuration of ``dsv4spec`` is kept."""
+    """Show dsv4spec's lines in vLLM's output where vLLM configured its logger and nothing
+    configured dsv4spec's: vLLM leaves the root logger bare, where INFO lines are dropped (and
+    WARNINGs reach stderr unformatted). dsv4spec's loggers keep propagating to the root, so an
+    application's handlers there receive every record; vLLM's handlers serve them only while the
+    root has none (:class:`ThroughVllm`), so no line is printed twice. Neither the root logger
+    nor vLLM's are touched; an application's own configuration of ``dsv4spec`` is kept, and so
+    is the level of a root the application configured."""
     ours, engine = logging.getLogger(DSV4SPEC_LOGGER), logging.getLogger(VLLM_LOGGER)
     if ours.handlers or not engine.handlers:
         return
-    for handler in engine.handlers:
-        ours.addHandler(handler)
-    if ours.level == logging.NOTSET:
+    ours.addHandler(ThroughVllm(engine))
+    if ours.level == logging.NOTSET and not logging.getLogger().handlers:
         ours.setLevel(engine.getEffectiveLevel())
-    ours.propagate = engine.propagate
 
 
 def installed() -> dict[str, GuardedHook]:
@@ -492,19 +514,41 @@ def installed() -> dict[str, GuardedHook]:
 
 
 def _acting() -> tuple[list[str], list[str]]:
-    """The hooks made that act once their modules are patched (after the manifest verdicts),
-    and "<hook> (<why not>)" for those switched off or stepping aside."""
+    """The hooks made that act once their modules are patched (after the manifest verdicts, on
+    the GPUs of this process), and "<hook> (<why not>)" for those switched off or stepping
+    aside."""
     acting, off = [], list(_switched_off)
     for name in _guards:
         verdict = None if _verdicts is None else _verdicts.get(name)
         if _verdicts is not None and not installs(verdict):
             off.append(f"{name} (" + ("not in this vLLM" if verdict is None or verdict.absent
                                       else "untested vLLM source") + ")")
+        elif (idle := _not_served(name)) is not None:
+            off.append(f"{name} ({idle})")
         elif verdict is not None and not verdict.ok:
             acting.append(f"{name} (untested: {ALLOW_UNTESTED}=1)")
         else:
             acting.append(name)
     return acting, off
+
+
+def _not_served(name: str) -> str | None:
+    """Why hook ``name`` gives dsv4spec no call in this process, as its first call decides
+    (:func:`_settle`): no CUDA GPU (outside Triton's interpreter), or no measured-faster table
+    for any GPU the process sees; None where it may act, or where that cannot be told (the
+    hook's per-call checks decide)."""
+    if _settled.get(name) is not None:
+        return None if _settled[name] else "no measured-faster table for this process's GPUs"
+    try:
+        from dsv4spec.integrations.vllm.mhc import process_served
+        from dsv4spec.kernels import interpreter_enabled
+
+        served, where = process_served(_TABLE_OF.get(name, name))
+        if where is None:
+            return None if interpreter_enabled() else "no CUDA GPU"
+    except Exception:  # noqa: BLE001 - the summary never fails vLLM; the first call decides
+        return None
+    return None if served else f"no measured-faster table for this process's GPUs: {where}"
 
 
 def _announce(patched: list[str]) -> None:
