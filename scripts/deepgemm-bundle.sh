@@ -17,9 +17,10 @@
 #                         there (the wheel's build_ext.py: c++ with torch's and CUDA's headers;
 #                         the kernels are JIT-compiled by nvcc at their first call).
 # usage: scripts/deepgemm-bundle.sh [--check] [vllm|sgl|all] [OUT_DIR]   (default: vllm, .device)
-#   --check      build nothing: print what each bundle would hold, and for sgl the compile
-#                command build_ext.py would run (with this machine's torch), checking that every
-#                file and include folder it names exists
+#   --check      build nothing, write nothing: print what each bundle would hold, and for sgl the
+#                compile command build_ext.py would run (with this machine's torch), checking that
+#                every file and include folder it names exists; exits 1 where it reports that a
+#                bundle cannot be built
 #   VLLM=0.34.0  take vLLM 0.34.0's copy instead of 0.33.0's (the two .so differ)
 #   TORCH_LIB_DIR=DIR  also check vLLM's .so against the torch libraries in DIR (say, torch
 #                2.11.0+cu130's torch/lib, unzipped from its wheel): every stable-ABI symbol found
@@ -38,9 +39,10 @@ PY=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$out"
+cannot=0  # --check: set where a bundle cannot be built, the exit status
 
 pack() {  # pack SITE NAME: the folder's contents as OUT/NAME, compressed for the carry limit
+  mkdir -p "$out"
   tar -cf - -C "$1" . | xz -T2 -9e > "$out/$2.tmp" && mv "$out/$2.tmp" "$out/$2"
   ls -la "$out/$2"
 }
@@ -82,8 +84,13 @@ vllm_bundle() {
 sgl_bundle() {
   local name=deepgemm_sgl.tar.xz site=$tmp/sgl/site
   mkdir -p "$tmp/sgl/whl" "$site"
-  $PY -m pip download -q --no-deps --only-binary=:all: "sgl-deep-gemm==$SGL_DEEP_GEMM" \
-    -d "$tmp/sgl/whl"
+  if ! $PY -m pip download -q --no-deps --only-binary=:all: "sgl-deep-gemm==$SGL_DEEP_GEMM" \
+      -d "$tmp/sgl/whl"; then
+    echo "sgl: cannot be built: pip could not download sgl-deep-gemm==$SGL_DEEP_GEMM" >&2
+    [ $check = 1 ] || exit 1
+    cannot=1
+    return 0
+  fi
   unzip -q -o "$tmp"/sgl/whl/sgl_deep_gemm-*.whl 'deep_gemm/*' -d "$site"
   rm -f "$site/deep_gemm/_C.so"  # built on the device, against the torch there
   # elfutils' headers, which deep_jit's exception.hpp includes (libdw itself is dlopen'ed): the
@@ -101,6 +108,7 @@ sgl_bundle() {
     [ $check = 1 ] || exit 1
     "$PY" "$here/deepgemm_build.py" --dry-run "$site" || true
     echo "sgl: cannot be built without that checkout"
+    cannot=1
     return 0
   else
     # the release check: the checkout's kernel headers and build script are the wheel's
@@ -123,3 +131,4 @@ case $what in
   sgl) sgl_bundle ;;
   all) vllm_bundle; sgl_bundle ;;
 esac
+exit $cannot

@@ -8,14 +8,28 @@
 # Writes logs and results under OUT_DIR; OUT_DIR/results/ holds the benchmark JSON/MD/PNG.
 # SGLang's kernels join the benchmarks as peers when its source is found (an installed sglang, or
 # DSV4SPEC_SGLANG_ROOT pointing at an unpacked wheel: a folder holding sglang/).
+# Without a GPU that nvidia-smi lists and torch sees it says so in one line, writes nothing and
+# exits 2.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUT_DIR [steps...]}
 shift
 STEPS=${*:-tests eager-cost cleanup hc-head sanitizer}
-mkdir -p "$OUT/results"
+case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 . scripts/gpu_lib.sh
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check.sh: no NVIDIA GPU here ($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi lists none' || echo 'no nvidia-smi')): it runs the GPU suite on a GPU machine; nothing was written" >&2
+  exit 2
+fi
+why=$($PY -c 'import torch; print("" if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA GPU")' 2>/dev/null) \
+  || why="$PY cannot import torch"
+if [ -n "$why" ]; then
+  echo "gpu_check.sh: $why: it runs the GPU suite on a GPU machine; nothing was written" >&2
+  exit 2
+fi
+mkdir -p "$OUT/results"
 
 environment "$OUT"
 

@@ -3,6 +3,11 @@ import os
 import pytest
 import torch
 
+from dsv4spec.usage import use_cpu_threads
+
+# As the dsv4spec command does: no more threads than the CPUs this process may use.
+use_cpu_threads()
+
 # CI has no GPU: run Triton kernels in the interpreter on CPU tensors. Must be set before any
 # @triton.jit function is defined, i.e. before dsv4spec's kernels are imported.
 if not torch.cuda.is_available():

@@ -98,3 +98,20 @@ def test_short_training_runs_have_a_schedule_at_every_length():
             opt.step()
             sched.step()
             assert 0 < opt.param_groups[0]["lr"] <= 1e-3 * (1 + 1e-9), steps
+
+
+def test_every_help_summary_is_a_whole_sentence():
+    import importlib
+
+    from dsv4spec.cli import _summary
+
+    modules = {**COMMANDS, **{f"bench {k}": f"dsv4spec.bench.{m}" for k, m in BENCHMARKS.items()}}
+    for name, module in modules.items():
+        summary = _summary(importlib.import_module(module).__doc__)
+        assert summary.endswith("."), (name, summary)
+
+
+def test_the_benchmarks_page_has_a_row_for_every_benchmark():
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    rows = set(re.findall(r"^\| `bench ([\w-]+)` \|", text, re.M))
+    assert rows == set(BENCHMARKS), (sorted(set(BENCHMARKS) - rows), sorted(rows - set(BENCHMARKS)))

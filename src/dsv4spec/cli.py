@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import re
 import sys
 import traceback
 
 from dsv4spec import __version__
-from dsv4spec.usage import UsageError, env_switch
+from dsv4spec.usage import UsageError, env_switch, triton_hint, use_cpu_threads
 
 # Every command is a module with add_arguments(parser) and main(args) -> exit status; its help
 # is the first paragraph of the module's docstring. Only the module of the command asked for is
-# imported (all of a table's modules for --help).
+# imported (all of a table's modules for --help, which reads the docstring from the source of one
+# that cannot be imported without Triton). Every command runs dsv4spec's kernels: each needs
+# Triton, which a CPU-only torch does not bring.
 # command -> module
 COMMANDS = {"demo": "dsv4spec.demo", "generate": "dsv4spec.engine.run",
             "train-tiny": "dsv4spec.engine.train_tiny", "tune": "dsv4spec.bench.tune",
@@ -28,12 +32,13 @@ BENCHMARKS = {"cleanup": "cleanup", "hc-head": "hc_head", "eager-cost": "eager_c
               "stack": "stack", "dspark": "dspark", "pdl": "pdl"}
 
 EXIT_FAILED = 1  # a failure at run time (the demo: outputs differ from the reference)
-EXIT_USAGE = 2  # a bad argument (argparse's convention), or `bench` without a CUDA GPU
+EXIT_USAGE = 2  # a bad argument (argparse's convention), `bench` without a CUDA GPU, no Triton
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool whose reader went away exits with
 EPILOG = (f"exit status: 0 success; {EXIT_FAILED} a failure at run time (the demo: outputs "
-          f"differ from the reference); {EXIT_USAGE} a bad argument, or `bench` without a CUDA "
-          f"GPU (one line on stderr, nothing written); {EXIT_INTERRUPTED} interrupted. --debug or "
+          f"differ from the reference); {EXIT_USAGE} a bad argument, `bench` without a CUDA GPU, "
+          f"or Triton not installed (one line on stderr, nothing written); {EXIT_INTERRUPTED} "
+          f"interrupted. --debug or "
           f"DSV4SPEC_DEBUG=1: tracebacks too")
 DEBUG_ENV = "DSV4SPEC_DEBUG"
 
@@ -78,9 +83,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
-def _summary(module) -> str:
-    """The docstring's first paragraph without its leading "``dsv4spec name``: "."""
-    line = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+def _summary(doc: str | None) -> str:
+    """A module docstring's first paragraph without its leading "``dsv4spec name``: "."""
+    line = " ".join((doc or "").strip().split("\n\n")[0].split())
     line = line.split("``: ", 1)[1] if line.startswith("``dsv4spec") and "``: " in line else line
     return plain(line)
 
@@ -92,14 +97,37 @@ def _register(sub, table: dict[str, str], chosen: str | None, extra=None) -> Non
         if chosen is not None and name != chosen:
             sub.add_parser(name)  # listed, not imported
             continue
-        mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=_summary(mod), description=plain(mod.__doc__), epilog=EPILOG,
-                           formatter_class=_Formatter)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if chosen is not None or not _is_triton(e):
+                raise
+            sub.add_parser(name, help=_summary(_source_docstring(module)))  # listed for --help
+            continue
+        p = sub.add_parser(name, help=_summary(mod.__doc__), description=plain(mod.__doc__),
+                           epilog=EPILOG, formatter_class=_Formatter)
         _debug_option(p, argparse.SUPPRESS)
         if extra is not None:
             extra(p)
         mod.add_arguments(p)
         p.set_defaults(run=mod.main)
+
+
+def _source_docstring(module: str) -> str | None:
+    """``module``'s docstring, read from its source without running it."""
+    spec = importlib.util.find_spec(module)
+    with open(spec.origin, encoding="utf-8") as f:
+        return ast.get_docstring(ast.parse(f.read()))
+
+
+def _is_triton(e: ModuleNotFoundError) -> bool:
+    return e.name == "triton"
+
+
+def _no_triton(prog: str) -> int:
+    print(f"{prog}: error: Triton is not installed, and this command runs dsv4spec's Triton "
+          f"kernels (a CPU-only torch brings no Triton): {triton_hint()}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _debug_option(p: argparse.ArgumentParser, default) -> None:
@@ -122,6 +150,8 @@ def _word(argv: list[str], i: int) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: only the module of the command (and benchmark) it names is
     imported; every module when ``argv`` is None (help, tests)."""
+    if argv is not None:  # --debug, the one top-level option that lets a command run, may lead
+        argv = argv[next((i for i, a in enumerate(argv) if a != "--debug"), len(argv)):]
     command = None if argv is None else _word(argv, 0)
     parser = _Parser(prog="dsv4spec", epilog=EPILOG, formatter_class=_Formatter,
                      description=f"The dsv4spec command: {', '.join(COMMANDS)} and bench <name>.")
@@ -207,19 +237,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    use_cpu_threads()
     try:
         return _run(argv)
     # before the command ran: importing its modules (torch: a second or so)
     except (KeyboardInterrupt, ModuleNotFoundError) as e:
-        if isinstance(e, ModuleNotFoundError) and e.name != "triton":
+        if isinstance(e, ModuleNotFoundError) and not _is_triton(e):
             raise
         _traceback("--debug" in argv or env_switch(DEBUG_ENV, False))
         if isinstance(e, KeyboardInterrupt):
             print(f"{_prog_of(argv)}: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
-        print(f"{_prog_of(argv)}: error: Triton is not installed (a CPU-only torch requires "
-              f"none): python -m pip install triton", file=sys.stderr)
-        return EXIT_FAILED
+        return _no_triton(_prog_of(argv))
 
 
 def _prog_of(argv: list[str]) -> str:
@@ -237,6 +266,8 @@ def _run(argv: list[str]) -> int:
     args = parse_args(argv)
     prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
     debug = args.debug or env_switch(DEBUG_ENV, False)
+    if importlib.util.find_spec("triton") is None:  # before the command writes anything
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
     if args.command == "bench":
         import torch
 
@@ -270,6 +301,8 @@ def _run(argv: list[str]) -> int:
         return EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         _traceback(debug)
+        if isinstance(e, ModuleNotFoundError) and _is_triton(e):
+            return _no_triton(prog)
         if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
             what = f"out of memory ({_one_line(e)})" if str(e) else "out of memory"
         else:

@@ -8,9 +8,11 @@ import stat
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from dsv4spec.cli import main
 from dsv4spec.engine.train import corpus, train
@@ -110,6 +112,42 @@ def test_a_file_another_run_wrote_meanwhile_is_kept(tmp_path, monkeypatch, capsy
     kept = tmp_path / f"tiny.{os.getpid()}.safetensors"
     assert f"this run's checkpoint is {kept}" in captured.err, captured.err
     build_model("tiny", kept)
+
+
+@pytest.mark.parametrize("spare_room", [True, False], ids=["kept elsewhere", "lost"])
+def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_it_and_the_copy_kept(
+        spare_room, tmp_path, monkeypatch, capsys):
+    import dsv4spec.model.weights as weights
+
+    real = weights.save_weights
+    out = tmp_path / "out" / "tiny.safetensors"
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+
+    def disk_full(model, path):
+        if spare_room and Path(path).parent == spare:
+            return real(model, path)
+        raise SafetensorError(f"Error while serializing: I/O error: No space left on device (os "
+                              f"error 28) at path \"{path}\"")
+
+    monkeypatch.setattr(weights, "save_weights", disk_full)
+    assert main([*TINY, "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    line = captured.err.split("\n")[-2]  # after the progress bar (tqdm's "\r" lines)
+    assert captured.err.count("dsv4spec train-tiny") == 1, captured.err
+    assert line.startswith(f"dsv4spec train-tiny: error: cannot write {out}: No space left on "
+                           f"device; "), captured.err
+    assert list(out.parent.iterdir()) == []  # neither a partial file nor a plot
+    if spare_room:
+        assert line.endswith(f"; the trained weights were saved to {spare / out.name} instead")
+        trained, _ = train(steps=3, batch_size=2, seq_len=16, lr=3e-3, progress=False)
+        loaded = build_model("tiny", spare / out.name)
+        for (name, a), b in zip(loaded.named_parameters(), trained.parameters()):
+            assert torch.equal(a, b), name
+    else:
+        assert f"; nor in {spare} (No space left on device): the trained weights are lost" in line
+        assert list(spare.iterdir()) == []
 
 
 @pytest.mark.parametrize("interrupt_at", [1, 3])

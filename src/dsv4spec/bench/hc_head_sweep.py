@@ -1,5 +1,7 @@
 """hc_head's tilings swept as its plan (``dsv4spec.kernels.hc_head_plan``) was chosen, each
-tiling checked against the default or the reference before it is timed in a CUDA graph:
+tiling checked against the default or the reference before it is timed in a CUDA graph.
+
+The sweeps (``--sweeps``):
 
 - ``launches``: the partials and finalize launches timed apart at H = 7168, then the partials'
   block_k x K-split multiplier x warps and the finalize's block_h x warps (stdout only; the plan

@@ -5,7 +5,9 @@ Time: about 0.2 s per step at the default batch and sequence length on a 2-core 
 100 steps in 21-29 s, the first few slower), so the default 1,500 steps take about five minutes
 there; ``--steps 1`` is a quick check. Fewer than 40
 steps train at a constant learning rate (too short to warm up), from 40 on with a one-cycle
-schedule. Existing files are not replaced without ``--force``. To refresh the checkpoint shipped
+schedule. Existing files are not replaced without ``--force``. A checkpoint that cannot be
+written where asked (a disk filled during training) is saved in the temporary directory instead,
+and the error names both paths. To refresh the checkpoint shipped
 with the package, from a source checkout:
 ``dsv4spec train-tiny --out src/dsv4spec/model/checkpoints/tiny.safetensors --force``."""
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -23,6 +26,7 @@ from dsv4spec.plot import pyplot
 from dsv4spec.usage import UsageError, int_in, positive_float
 
 DEFAULT_OUT = "dsv4spec-tiny.safetensors"
+EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 NEEDED_BYTES = 4 * 2**20  # the tiny checkpoint (1.3 MB) and its plot (40 kB), with room to spare
 # One training step's peak memory on the CPU past the process's own (ru_maxrss), measured at batch
@@ -152,6 +156,37 @@ def write_replacing(path: Path, write, exclusive: bool) -> Path:
         tmp.unlink(missing_ok=True)
 
 
+def _why(e: Exception) -> str:
+    """A failed write's reason: an OSError's ``strerror``, the OS message safetensors wraps
+    (``I/O error: No space left on device (os error 28) at path ...``), else the message."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    found = re.search(r"I/O error: (.*?) \(os error \d+\)", str(e))
+    return found[1] if found else " ".join(str(e).split())
+
+
+def save_checkpoint(model, out: Path, exclusive: bool) -> tuple[Path | None, str]:
+    """``model``'s weights written to ``out`` (:func:`write_replacing`); where that fails (a
+    full disk, a folder gone read-only during training), to the temporary directory instead, so
+    the training is not lost. Returns where they went (None: nowhere) and, on a failure, one
+    line that names the path that could not be written, why, and what was done instead."""
+    from safetensors import SafetensorError
+
+    from dsv4spec.model.weights import save_weights
+
+    try:
+        return write_replacing(out, lambda tmp: save_weights(model, tmp), exclusive), ""
+    except (OSError, SafetensorError) as e:
+        failed = f"cannot write {out}: {_why(e)}"
+    kept = Path(tempfile.gettempdir()) / out.name
+    try:
+        kept = write_replacing(kept, lambda tmp: save_weights(model, tmp), exclusive=True)
+    except (OSError, SafetensorError) as e:
+        return None, (f"{failed}; nor in {kept.parent} ({_why(e)}): the trained weights are "
+                      f"lost, free some space and train again")
+    return kept, f"{failed}; the trained weights were saved to {kept} instead"
+
+
 def plot_losses(history: list[tuple[float, float]], path: Path) -> bool:
     """The training curve as a PNG at ``path``; False when matplotlib is absent."""
     plt = pyplot()
@@ -175,7 +210,6 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from dsv4spec.engine.train import train
-    from dsv4spec.model.weights import save_weights
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()
@@ -186,7 +220,10 @@ def main(args: argparse.Namespace) -> int:
         print("dsv4spec train-tiny: interrupted before the first step ended; nothing was saved",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    wrote = write_replacing(out, lambda tmp: save_weights(model, tmp), exclusive=not args.force)
+    wrote, failed = save_checkpoint(model, out, exclusive=not args.force)
+    if failed:
+        print(f"dsv4spec train-tiny: error: {failed}", file=sys.stderr)
+        return EXIT_FAILED
     last = history[-50:]
     target = sum(h[0] for h in last) / len(last)
     mtp = sum(h[1] for h in last) / len(last)
