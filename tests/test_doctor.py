@@ -421,7 +421,10 @@ def test_an_engine_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no
     engines = doctor.engine_versions(["sglang==0.5.23"])
     report = doctor.build_report(numerics=False, engines=engines)
     assert report["what_if"] and report["exit"] == 0 and not report["problems"]
-    measured, derived = report["packaged_gpus"]
+    by_name = {each["name"]: each for each in report["packaged_gpus"]}
+    # the H100's file holds vLLM's DeepGEMM-on mHC rows alone (Triton 3.6)
+    assert list(by_name) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200", None]
+    measured, derived = by_name["NVIDIA H200"], by_name[None]
     assert (measured["label"], measured["basis"], measured["name"]) == (
         "NVIDIA H200 (measured)", "measured", "NVIDIA H200")
     assert (derived["basis"], derived["name"], derived["architecture"]) == ("derived", None,
@@ -444,10 +447,11 @@ def test_an_engine_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no
 def test_a_triton_stack_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no_engine):
     report = doctor.build_report(triton_stack="3.8", numerics=False)
     assert [each["label"].split(" (")[0] for each in report["packaged_gpus"]] == [
-        "NVIDIA H200", "other sm_90 GPUs such as the H100, H800, H20"]
+        "NVIDIA H100 80GB HBM3", "NVIDIA H200", "other sm_90 GPUs such as the H100, H800, H20"]
     assert [[Path(p).name for p in each["tables"]["serving"]]
             for each in report["packaged_gpus"]] == [
-        ["NVIDIA_H200.triton3.8.json", "sm_90.triton3.8.json"], ["sm_90.triton3.8.json"]]
+        ["sm_90.triton3.8.json"], ["NVIDIA_H200.triton3.8.json", "sm_90.triton3.8.json"],
+        ["sm_90.triton3.8.json"]]
     assert {(e["name"], e["assumed"]) for each in report["packaged_gpus"]
             for e in each["assumed_engines"]} == {("SGLang", "0.5.23"), ("vLLM", "0.33.0"),
                                                   ("vLLM", "0.34.0")}

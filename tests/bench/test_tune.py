@@ -110,6 +110,8 @@ def test_the_packaged_tables_are_what_derive_writes():
     for path in devices:
         data = json.loads(path.read_text())
         assert tune.respanned(data) == data, f"{path.name}: ranges not derived from its points"
+        if not path.name.startswith("NVIDIA_H200"):  # the architecture files are the H200's
+            continue
         target = tables.PACKAGED_DIR / tune.architecture_file_name(path.name, data)
         assert json.loads(target.read_text()) == tune.architecture_file(data, path.name), (
             f"{target.name} is not what {path.name} derives")

@@ -242,7 +242,9 @@ def test_no_served_range_reaches_a_segment_without_a_measured_win(name):
                                             start < s <= r[0] for s in cuts))]
     assert not crossed, crossed
     planned = [h for hooks in data["engines"].values() for h in hooks if h in OPS_OF]
-    assert len(planned) == 9 and all(switches(h, 7168, stack) for h in planned)
+    # the H200's files hold every planned hook; another GPU's, the hooks measured there
+    assert planned and all(switches(h, 7168, stack) for h in planned)
+    assert len(planned) == 9 or not name.startswith(("NVIDIA_H200", "sm_"))
 
 
 @pytest.mark.parametrize("stack", list(STACK_FILES))
