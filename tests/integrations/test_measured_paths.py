@@ -112,7 +112,7 @@ def path_warnings(caplog) -> list[str]:
             if r.levelno == logging.WARNING and "were timed against" in r.getMessage()]
 
 
-def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(fresh, caplog):
+def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(fresh, caplog):  # noqa: F811 - the fixture
     """vLLM's mhc_pre (DeepGEMM at every count where vLLM runs it): rows measured against
     DeepGEMM serve ours with DeepGEMM on and step aside with it off, the reverse of rows measured
     against TileLang; each mismatch is told once, naming both paths and the file."""
@@ -135,7 +135,7 @@ def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(fres
 
 
 @pytest.mark.parametrize("deep_gemm", [False, True])
-def test_boundary_rows_split_at_the_fused_kernels_hand_over(fresh, deep_gemm):
+def test_boundary_rows_split_at_the_fused_kernels_hand_over(fresh, deep_gemm):  # noqa: F811 - the fixture
     """Rows measured with DeepGEMM on hold vLLM's fused TileLang kernel to 32 tokens (the path
     with DeepGEMM off too) and DeepGEMM's GEMM above: every count decides by the path that ran
     there, against the path vLLM takes."""
@@ -150,7 +150,7 @@ def test_boundary_rows_split_at_the_fused_kernels_hand_over(fresh, deep_gemm):
         assert served == (c < deep_from or deep_gemm), c
 
 
-def test_sglang_follows_the_same_rule_within_its_cap(fresh):
+def test_sglang_follows_the_same_rule_within_its_cap(fresh):  # noqa: F811 - the fixture
     fresh(H200)
     data = packaged()
     entry = {**data["engines"]["sglang"]["mhc_pre"], "measured_against": "deepgemm",

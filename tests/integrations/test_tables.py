@@ -27,8 +27,9 @@ SM90, SM100 = (9, 0), (10, 0)
 # served at a measured count where ours won there in that mode (on another GPU of the
 # architecture, the architecture file's, by 1.25x or more), and at a count not measured only
 # where the nearest measured counts on both sides, with no planner switch of the hook's op or
-# the engine's kernel between them, both won by the carry margin; counts above a cap, other architectures and, on a GPU of other SMs, counts from the first one
-# whose launch plan differs there get SGLang's.
+# the engine's kernel between them, both won by the carry margin; counts above a cap, other
+# architectures and, on a GPU of other SMs, counts from the first one whose launch plan differs
+# there get SGLang's.
 HOOKS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "target_hc_head", "dspark_hc_head",
          "build_page_table_positions_triton", "_init_compressed_attn_metadata_triton",
          "init_compression_metadata", "expand_extend_with_same_length")

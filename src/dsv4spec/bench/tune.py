@@ -428,8 +428,9 @@ def spans_of(entry: dict, engine: str, hook: str, num_sms: int | None = None,
     for mode, keyed in entry.get("points", {}).items():
         out[mode] = {}
         for key, rows in keyed.items():
-            switches = plans.segment_switches(engine, hook, int(key), max(r[0] for r in rows),
-                                              num_sms, stack, _deepgemm_above(entry)) if rows else ()
+            switches = plans.segment_switches(
+                engine, hook, int(key), max(r[0] for r in rows), num_sms, stack,
+                _deepgemm_above(entry)) if rows else ()
             out[mode][key] = [list(s) for s in spans_from_points(
                 {c: (o, e) for c, o, e in rows}, switches, margin, tables.CARRY_MARGIN[mode])]
     return out
