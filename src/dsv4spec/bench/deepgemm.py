@@ -18,6 +18,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
+import shutil
+import subprocess
 from types import ModuleType
 
 import torch
@@ -53,15 +56,71 @@ def _capability() -> tuple[int, int]:
     return (0, 0)
 
 
-def _import() -> tuple[ModuleType | None, str]:
+# vLLM imports an installed deep_gemm first, else the copy its wheel vendors
+_VLLM_VENDORED = "vllm.third_party.deep_gemm"
+# the environment switches each engine reads before it runs DeepGEMM's pre-norm GEMM, on unless
+# set to one of its false values (SGLang's EnvBool; vLLM's envs.py reads an int)
+_ENGINE_SWITCHES = {"sglang": ("SGLANG_OPT_DEEPGEMM_HC_PRENORM", "SGLANG_ENABLE_JIT_DEEPGEMM"),
+                    "vllm": ("VLLM_USE_DEEP_GEMM",)}
+_FALSE = ("false", "0", "no", "n")
+# DeepGEMM's JIT needs nvcc 12.9 or newer; vLLM 0.34.0 checks it and runs TileLang otherwise
+_NVCC_MIN = (12, 9)
+
+
+def _import(engine: str = "sglang") -> tuple[ModuleType | None, str]:
+    errors = []
+    for name in ("deep_gemm", *((_VLLM_VENDORED,) if engine == "vllm" else ())):
+        try:
+            return importlib.import_module(name), ""
+        except _IMPORT_ERRORS as err:
+            errors.append(f"{name}: {type(err).__name__}: {err}")
+    return None, "; ".join(errors)
+
+
+def _nvcc_version() -> tuple[int, int] | None:
+    """The release of the nvcc DeepGEMM's JIT would run (``CUDA_HOME``/``CUDA_PATH``, else the
+    one on PATH, else /usr/local/cuda; ``DG_JIT_NVCC_COMPILER`` wins), as vLLM 0.34.0's
+    ``_deep_gemm_nvcc_path`` finds it; None where there is none or its version is unreadable."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        found = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(found)) if found else "/usr/local/cuda"
+    nvcc = (os.environ.get("DG_JIT_NVCC_COMPILER") or os.environ.get("DJ_JIT_NVCC_COMPILER")
+            or os.path.join(home, "bin", "nvcc"))
+    nvcc = shutil.which(nvcc) if os.path.exists(home) else None
+    if nvcc is None:
+        return None
     try:
-        return importlib.import_module("deep_gemm"), ""
-    except _IMPORT_ERRORS as err:
-        return None, f"{type(err).__name__}: {err}"
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(match[1]), int(match[2])) if match else None
 
 
-def resolve(choice: str) -> ModuleType | None:
-    """The ``deep_gemm`` module the peers should run, or None for their TileLang GEMM.
+def engine_declines(engine: str) -> str | None:
+    """Why ``engine`` would run its TileLang GEMM although ``deep_gemm`` imports on a Hopper GPU,
+    as its own decision reads (SGLang 0.5.23's ``_use_deep_gemm_hc_prenorm()``: its two switches;
+    vLLM's ``is_deep_gemm_supported()``: ``VLLM_USE_DEEP_GEMM`` and, in 0.34.0, an nvcc of 12.9
+    or newer), or None where it runs DeepGEMM's."""
+    for switch in _ENGINE_SWITCHES[engine]:
+        if os.environ.get(switch, "1").strip().lower() in _FALSE:
+            return f"{switch}={os.environ[switch]}"
+    if engine == "vllm":
+        version = _nvcc_version()
+        if version is None:
+            return "no nvcc for DeepGEMM's JIT (vLLM 0.34.0 runs TileLang then)"
+        if version < _NVCC_MIN:
+            return (f"nvcc {version[0]}.{version[1]} (vLLM 0.34.0 needs "
+                    f"{_NVCC_MIN[0]}.{_NVCC_MIN[1]} for DeepGEMM and runs TileLang)")
+    return None
+
+
+def resolve(choice: str, engine: str = "sglang") -> ModuleType | None:
+    """The ``deep_gemm`` module ``engine``'s peers should run, or None for their TileLang GEMM:
+    ``auto`` as the engine decides (:func:`engine_declines`; vLLM's vendored copy where no
+    ``deep_gemm`` is installed).
 
     Raises ``ValueError`` for a ``choice`` not in :data:`CHOICES`, :class:`DeepGemmUnavailable`
     for ``"on"`` where ``deep_gemm`` does not import.
@@ -70,7 +129,7 @@ def resolve(choice: str) -> ModuleType | None:
         raise ValueError(f"deepgemm: expected one of {', '.join(CHOICES)}, got {choice!r}")
     if choice == "off":
         return None
-    module, error = _import()
+    module, error = _import(engine)
     if module is None:
         if choice == "on":
             raise DeepGemmUnavailable(
@@ -78,8 +137,8 @@ def resolve(choice: str) -> ModuleType | None:
                 "scripts/deepgemm-bundle.sh and put it on PYTHONPATH (docs/benchmarks.md), or "
                 "pass --deepgemm off")
         return None
-    if choice == "auto" and _capability()[0] < 9:  # the engines enable it from Hopper on
-        return None
+    if choice == "auto" and (_capability()[0] < 9 or engine_declines(engine) is not None):
+        return None  # the engines enable it from Hopper on, where their switches allow
     return module
 
 

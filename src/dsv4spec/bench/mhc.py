@@ -377,10 +377,14 @@ def main(args: argparse.Namespace) -> int:
           f"{floor['empty_kernel_eager_us']:.2f} µs eager; copy {copy_bw / 1e12:.2f} TB/s",
           flush=True)
     engines = {"sglang", "vllm"} & set(args.providers)
-    dg = deepgemm.resolve(args.deepgemm) if engines else None
-    peer = sglang_mhc.sglang_mhc_peer(dg) if "sglang" in args.providers else None
-    vllm_peer = vllm_kernels.vllm_mhc_peer(dg) if "vllm" in args.providers else None
-    print(f"engines' pre-norm GEMM: {deepgemm.describe(dg)} (--deepgemm {args.deepgemm})")
+    # each engine's pre-norm GEMM, as it decides (--deepgemm auto) or as asked
+    dgs = {e: deepgemm.resolve(args.deepgemm, e) for e in sorted(engines)}
+    dg = dgs.get("sglang", dgs.get("vllm"))
+    peer = sglang_mhc.sglang_mhc_peer(dgs["sglang"]) if "sglang" in args.providers else None
+    vllm_peer = vllm_kernels.vllm_mhc_peer(dgs["vllm"]) if "vllm" in args.providers else None
+    print("engines' pre-norm GEMM: " + ", ".join(f"{e} {deepgemm.describe(m)}"
+                                                  for e, m in dgs.items())
+          + f" (--deepgemm {args.deepgemm})")
     ours = ours_functions() if "ours" in args.providers else {}
     missing = [OURS_NAMES[op] for op in args.ops if op not in ours]
     if "ours" in args.providers and missing:
@@ -393,7 +397,8 @@ def main(args: argparse.Namespace) -> int:
     env["ours"] = ", ".join(f"{op}={getattr(f, '__module__', '?')}.{f.__name__}"
                             for op, f in ours.items()) or "absent"
     record = {"environment": env, "launch_floor": floor, "copy_bandwidth_Bps": copy_bw,
-              "norm_fused": norm, "deep_gemm": deepgemm.describe(dg)}
+              "norm_fused": norm, "deep_gemm": deepgemm.describe(dg),
+              "deep_gemm_by_engine": {e: deepgemm.describe(m) for e, m in dgs.items()}}
     rows, failures = [], []
     for op in args.ops:
         for H in args.widths:
@@ -444,7 +449,7 @@ def main(args: argparse.Namespace) -> int:
                         "pct_floor": 100 * nbytes / copy_bw * 1e6 / timing["median_us"],
                         "max_err": max(errs.values()), "errors": errs,
                         "first_call_ms": first_ms,
-                        "path": (deepgemm.gemm_path(op, T, dg is not None)
+                        "path": (deepgemm.gemm_path(op, T, dgs[provider] is not None)
                                  if provider in ("sglang", "vllm") else None)})
                 try:
                     eager = common.time_eager_side_by_side(fns, repeats=repeats) if fns else {}
@@ -475,7 +480,7 @@ def main(args: argparse.Namespace) -> int:
             r["kernels"] = common.count_kernels(fn)
         except Exception as err:  # noqa: BLE001
             r["kernels"] = f"? ({type(err).__name__})"
-    common.print_table(wide_rows(rows, dg is not None), COLUMNS)
+    common.print_table(wide_rows(rows, dgs.get("sglang") is not None), COLUMNS)
     paths = write(args, name, record, rows, failures)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -908,7 +908,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     try:
-        engine_gemm = deepgemm.resolve(args.deepgemm)
+        engine_gemm = deepgemm.resolve(args.deepgemm, args.engine)
     except deepgemm.DeepGemmUnavailable as e:
         print(f"dsv4spec tune: error: {e}; nothing was written", file=sys.stderr)
         return EXIT_USAGE

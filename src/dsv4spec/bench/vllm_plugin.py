@@ -267,7 +267,7 @@ def step_rows(rows: list[dict], batches, drafts, dspark_block: int, boundary: st
 
 
 def main(args: argparse.Namespace) -> int:
-    dg = deepgemm.resolve(args.deepgemm)
+    dg = deepgemm.resolve(args.deepgemm, "vllm")
     peer = vllm_mhc_peer(dg)
     if peer is None:
         return 1
