@@ -6,8 +6,10 @@ on by default) and vLLM 0.33.0 / 0.34.0 (which vendor DeepGEMM 2.8.1 and prefer 
 ``deep_gemm`` imports on a Hopper or newer GPU: ``mhc_pre`` at every token count, the fused
 boundary above its one-launch TileLang kernel's 32 tokens. Elsewhere they run their TileLang GEMM.
 
-``--deepgemm`` picks what the peers run: ``auto`` (the default) does what the engines do, DeepGEMM
-where ``deep_gemm`` imports and the GPU is compute capability 9.0 or newer; ``on`` requires it
+``--deepgemm`` picks what the peers run: ``auto`` (the default) does what each engine does, DeepGEMM
+where ``deep_gemm`` imports (vLLM: or its vendored copy) on a GPU of compute capability 9.0 or
+newer, unless the engine's switches or vLLM 0.34.0's nvcc check decline it
+(:func:`engine_declines`); ``on`` requires it
 (:class:`DeepGemmUnavailable` when it does not import); ``off`` measures the TileLang GEMM.
 ``scripts/deepgemm-bundle.sh`` prepares a ``deep_gemm`` that imports on a GPU machine whose
 torch the released wheels were not built for (docs/benchmarks.md).
