@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from dsv4spec.bench import deepgemm, tune
-from dsv4spec.integrations import tables
+from dsv4spec.integrations import hooks, tables
 from dsv4spec.integrations.sglang import mhc as sglang_hooks
 from dsv4spec.integrations.vllm import mhc as vllm_hooks
 from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS as VLLM_DEEP_FROM
@@ -112,10 +112,12 @@ def path_warnings(caplog) -> list[str]:
             if r.levelno == logging.WARNING and "were timed against" in r.getMessage()]
 
 
-def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(fresh, caplog):  # noqa: F811 - the fixture
+def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(
+        fresh, caplog, monkeypatch):  # noqa: F811 - the fixture
     """vLLM's mhc_pre (DeepGEMM at every count where vLLM runs it): rows measured against
     DeepGEMM serve ours with DeepGEMM on and step aside with it off, the reverse of rows measured
     against TileLang; each mismatch is told once, naming both paths and the file."""
+    monkeypatch.setattr(hooks, "_told_paths", set())  # told once per process: not yet here
     fresh(H200)
     path = write_user(H200, vllm_file("mhc_pre", "deepgemm", [[1, 4096]]))
     fresh(H200)

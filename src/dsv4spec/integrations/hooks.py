@@ -149,6 +149,9 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
 
 # (logger name, engine path, rows' path, op) already told at WARNING
 _told_paths: set[tuple[str, str, str, str]] = set()
+# the attribute :func:`path_matches`'s WARNING records carry (``dsv4spec doctor`` reports both
+# DeepGEMM cases itself and leaves these out)
+PATH_MISMATCH = "dsv4spec_path_mismatch"
 
 
 def path_matches(table: FasterTable, architecture: Architecture | None, op: str,
@@ -175,7 +178,7 @@ def path_matches(table: FasterTable, architecture: Architecture | None, op: str,
             "timed against %s; the hook steps aside wherever the two differ (a `dsv4spec tune` "
             "run beside the path this engine takes measures it)", op, names[engine_deep_gemm],
             num_tokens, getattr(table, "sources", {}).get(architecture, "set by hand"),
-            names[rows_deep_gemm])
+            names[rows_deep_gemm], extra={PATH_MISMATCH: True})
     return False
 
 
