@@ -32,6 +32,18 @@ def test_demo_fused_and_loop_equal_reference(capsys, monkeypatch):
     assert "accept lengths: 1:" in out, out
 
 
+def test_the_demo_s_cpu_tokens_per_second_come_with_the_rollback_s_caveat(capsys):
+    from dsv4spec.demo import generation_demo
+
+    assert generation_demo(torch.device("cpu"), max_new_tokens=2)
+    lines = capsys.readouterr().out.splitlines()
+    rates = [i for i, line in enumerate(lines) if line.endswith("tokens/s)")]
+    assert len(rates) == 2 and lines[rates[1] + 1].startswith("    accept lengths:"), lines
+    assert lines[rates[1] + 2] == (
+        "  timings need a GPU (CPU tokens/s say nothing about a GPU, and MTP may run slower than "
+        "greedy here): run `dsv4spec demo` or `dsv4spec bench e2e` on a CUDA machine"), lines
+
+
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="checks the message on a machine without CUDA")
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))

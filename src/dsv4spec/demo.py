@@ -3,7 +3,9 @@ on a DSV4-Pro-shaped pool, then generate with the trained tiny model with and wi
 speculative decoding and compare the outputs (identical: lossless).
 
 The rollback is timed on CUDA only: on the CPU its Triton kernel runs in Triton's interpreter,
-which is no speed measurement. Exit status 1 when an output differs from its reference."""
+which is no speed measurement. The generation's tokens/s on the CPU come with the same caveat
+beside them: they say nothing about a GPU, and on the CPU MTP may run slower than greedy. Exit
+status 1 when an output differs from its reference."""
 
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ from dsv4spec.usage import resolve_device
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+
+
+def gpu_caveat(why: str, bench: str) -> str:
+    """The line printed beside timings taken without a GPU: why they say nothing, and what to run
+    on one."""
+    return (f"timings need a GPU ({why}): run `dsv4spec demo` or `dsv4spec bench {bench}` on a "
+            f"CUDA machine")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,8 +75,7 @@ def run_demo(device: torch.device | str | None = None) -> int:
     print(f"fused and per-layer loop equal the reference in all {len(expected)} layers: {same}")
 
     if device.type != "cuda":
-        print("timings need a GPU (the Triton interpreter is not a speed measurement): "
-              "run `dsv4spec demo` or `dsv4spec bench cleanup` on a CUDA machine")
+        print(gpu_caveat("the Triton interpreter is not a speed measurement", "cleanup"))
     else:
         from dsv4spec.timing import time_eager
 
@@ -117,6 +125,9 @@ def generation_demo(device: torch.device, max_new_tokens: int = 48) -> bool:
                   + f"; mean {sum(accepts) / len(accepts):.2f} tokens per step, "
                   f"{len(accepts) / len(reqs):.1f} target steps per request vs "
                   f"{max_new_tokens - 1} without speculation")
+    if device.type != "cuda":
+        print("  " + gpu_caveat("CPU tokens/s say nothing about a GPU, and MTP may run slower "
+                                "than greedy here", "e2e"))
     print(f"  {prompts[2]!r} -> {decode(outputs[4][2])!r}")
     same = outputs[0] == outputs[4]
     print(f"speculative output identical to greedy output: {same}")

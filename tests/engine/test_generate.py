@@ -231,3 +231,29 @@ def test_a_full_bucket_of_128_requests_with_forced_drafts_equals_greedy(model):
     engine.generate(reqs)
     assert [r.output for r in reqs] == [q.output for q in plain]
     assert {a for r in reqs for a in r.accept_lens} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("W", [0, 4])
+def test_measuring_a_run_first_leaves_the_engine_as_fresh(model, W):
+    # Prompts of 5, 23 and 14 tokens in chunks of 8: a chunk at the start, one ending at the
+    # longest prompt's end, and steps at the first and the 16th token, all on scratch requests
+    def generated(measure: bool):
+        reqs = [Request(p, 16) for p in prompts()]
+        engine = Engine(model, num_slots=3, max_seq_len=160, num_draft_tokens=W,
+                        prefill_chunk=8)
+        times = engine.measure([r.prompt for r in reqs], 16) if measure else None
+        engine.generate(reqs)
+        return [r.output for r in reqs], engine, times
+
+    fresh, plain, _ = generated(False)
+    outputs, engine, times = generated(True)
+    assert outputs == fresh
+    assert set(times) == {"prefill_tokens", "prefill_first", "prefill_last", "step_first",
+                          "step_last"}
+    assert all(t > 0 for t in times.values()), times
+    assert ({k: len(v) for k, v in engine.phase_walls.items()}
+            == {k: len(v) for k, v in plain.phase_walls.items()})
+    assert sorted(engine.free) == [0, 1, 2]
+    one = Engine(model, num_slots=1, max_seq_len=40, num_draft_tokens=W).measure([[1, 2]], 1)
+    assert one["step_first"] == one["step_last"] == 0 and one["prefill_last"] == one[
+        "prefill_first"] > 0

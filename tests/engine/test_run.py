@@ -2,13 +2,19 @@
 
 import io
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 
+import pytest
 import torch
 
 from dsv4spec.cli import main
-from dsv4spec.engine.run import BASE_BYTES, memory_need
+from dsv4spec.engine import run
+from dsv4spec.engine.generate import Engine
+from dsv4spec.engine.run import BASE_BYTES, duration, memory_need, run_estimate
 from dsv4spec.model.build import TINY_CHECKPOINT, packaged_checkpoint
 from dsv4spec.model.config import preset
 from dsv4spec.model.tokenizer import decode, encode
@@ -90,3 +96,134 @@ def test_the_memory_estimate_covers_what_prefill_allocates():
     need = memory_need(preset("tiny"), torch.float32, 1, 4112, 4, 4096)
     assert grown <= need["total"] - need["parameters"], (grown, need)
     assert grown > BASE_BYTES, "the case no longer exercises the prefill term"
+
+
+# A step made slower than any machine's (0.2 s more), so that a run of 100,000 tokens is
+# estimated at hours wherever the test runs; a marker on stderr where generation begins.
+SLOW_RUN = """
+import sys, time
+from dsv4spec.cli import main
+from dsv4spec.engine.generate import Engine
+step = Engine.decode_step
+def slow_step(self, reqs):
+    time.sleep(0.2)
+    step(self, reqs)
+Engine.decode_step = slow_step
+generate = Engine.generate
+def announced(self, reqs, **kw):
+    print("<generation starts>", file=sys.stderr, flush=True)
+    return generate(self, reqs, **kw)
+Engine.generate = announced
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_run_of_hours_states_its_estimate_first_shows_progress_and_ctrl_c_interrupts_it(
+        tmp_path):
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, "generate", "--prompt", "def ",
+                                 "--max-new-tokens", "100000", "--no-spec", "--device", "cpu"],
+                                stdout=subprocess.PIPE, stderr=err, cwd=tmp_path,
+                                preexec_fn=_default_sigint)  # a background job ignores SIGINT
+        deadline = time.monotonic() + 240
+        while "tok/s" not in err_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)  # stderr is a file, the run is long: a progress line 5 s in
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    text = err_path.read_text()
+    assert proc.returncode == 130 and out == b"", text
+    lines = text.splitlines()
+    estimates = [i for i, line in enumerate(lines) if line.startswith("generate: about")]
+    assert len(estimates) == 1, text
+    assert re.fullmatch(r"generate: about \d+ h( \d+ min)? on this CPU \(100,000 tokens, [\d.]+ "
+                        r"m?s( rising to [\d.]+ m?s)? per token measured\); Ctrl-C interrupts it",
+                        lines[estimates[0]]), text
+    assert estimates[0] < lines.index("<generation starts>"), text
+    progress = lines[lines.index("<generation starts>") + 1]
+    assert re.fullmatch(r"generate: [\d,]+ of 100,000 tok \(\d+ %\), [\d.]+ tok/s, about .+ left",
+                        progress), text
+    assert lines[-1] == "dsv4spec generate: interrupted", text
+
+
+SHORT = ["generate", "--prompt", "def ", "--max-new-tokens", "4", "--no-spec", "--device", "cpu"]
+
+
+def test_a_short_run_prints_no_estimate_and_no_progress_where_stderr_is_no_terminal(capsys):
+    assert main(SHORT) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and "tokens/s on cpu" in out.out
+
+
+def test_a_short_run_on_a_terminal_shows_its_progress_bar_without_an_estimate(capsys,
+                                                                              monkeypatch):
+    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: True)
+    assert main(SHORT) == 0
+    err = capsys.readouterr().err
+    assert "generate: 100%" in err and "about" not in err and "building" not in err, err
+
+
+def test_the_estimate_comes_from_the_measured_times_before_generation(capsys, monkeypatch):
+    def measure(self, prompts, max_new_tokens):  # slower than any model: 33 to 67 min a step
+        return {"prefill_tokens": 16, "prefill_first": 1.0, "prefill_last": 1.0,
+                "step_first": 2000.0, "step_last": 4000.0}
+
+    seen = {}
+    generate = Engine.generate
+
+    def announced(self, reqs, **kw):
+        seen["err"] = capsys.readouterr().err  # what was on stderr as generation began
+        return generate(self, reqs, **kw)
+
+    monkeypatch.setattr(Engine, "measure", measure)
+    monkeypatch.setattr(Engine, "generate", announced)
+    assert main(SHORT) == 0
+    assert seen["err"] == ("generate: about 2 h 30 min on this CPU (4 tokens, 33 min rising to 1 h "
+                           "7 min per token measured); Ctrl-C interrupts it\n")
+    out = capsys.readouterr()
+    assert "tokens/s on cpu" in out.out and out.err == ""  # the run itself is short
+
+
+def test_long_phases_show_progress_lines_where_stderr_is_no_terminal(capsys, monkeypatch):
+    # An hour's estimate and a clock 20 s on at each reading: the build, the prefill of a prompt
+    # of five chunks and the decoding each report as lines
+    monkeypatch.setattr(Engine, "measure", lambda self, prompts, n: dict.fromkeys(
+        ("prefill_first", "prefill_last", "step_first", "step_last"), 1000.0,
+    ) | {"prefill_tokens": 16})
+    clock = iter(range(0, 10**9, 20))
+    monkeypatch.setattr(run, "_clock", lambda: next(clock))
+    assert main([*SHORT, "--prompt", "x" * 80, "--prefill-chunk", "16"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"building tiny: \d+ %, about .+ left", lines[0]), lines
+    for phase in ("prefill", "generate"):
+        assert any(re.fullmatch(rf"{phase}: [\d,]+ of [\d,]+ tok \(\d+ %\), [\d.]+ tok/s, "
+                                rf"about .+ left", line) for line in lines), (phase, lines)
+    assert sum(line.startswith("generate: about") for line in lines) == 1, lines
+
+
+def test_a_big_build_on_a_terminal_shows_a_bar(capsys, monkeypatch):
+    monkeypatch.setattr(run, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(run, "BAR_DELAY_S", 0.0)  # tiny builds in less than the bar's delay
+    assert main(SHORT) == 0
+    assert "building tiny: 100%|" in capsys.readouterr().err
+
+
+def test_the_estimate_adds_the_prefill_and_the_steps_growing_with_the_context():
+    times = {"prefill_tokens": 256, "prefill_first": 0.128, "prefill_last": 0.384,
+             "step_first": 0.01, "step_last": 0.03}
+    seconds, what = run_estimate(times, 10_240, 1_001, 4)
+    assert seconds == pytest.approx(40 * 0.256 + 1_000 * 0.02)
+    assert what == ("prefill 10 s: 10,240 tokens, 500 µs rising to 1.5 ms per token measured; "
+                    "1,001 tokens, 10 ms rising to 30 ms per step measured, one step per token "
+                    "at most")
+    seconds, what = run_estimate({**times, "prefill_tokens": 100}, 100, 1, 0)
+    assert seconds == 0.128 and what == "1 token, from the prefill"
+    seconds, what = run_estimate({**times, "step_last": 0.011}, 100, 3, 0)
+    assert seconds == pytest.approx(0.128 + 2 * 0.0105)
+    assert what == "3 tokens, 10 ms per token measured"
+    assert [duration(s) for s in (45, 89.6, 750, 3 * 3600 + 20 * 60, 3600, 290 * 3600)] == [
+        "45 s", "90 s", "12 min", "3 h 20 min", "1 h", "12 days (290 h)"]

@@ -11,6 +11,7 @@ the target's greedy choices, so the output equals plain greedy decoding token fo
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +32,11 @@ MAX_NUM_DRAFT_TOKENS = 8
 # Prompt tokens per request per prefill forward: the attention scores of a chunk are
 # chunk x (window + chunk + entries), so a long prompt no longer holds its square at once.
 PREFILL_CHUNK = 512
+# Engine.measure: the first prefill chunk it times, in tokens, and the time under which it times
+# one four times larger next (up to the engine's chunk): a big model on a CPU is timed on a small
+# chunk, where one whole chunk could take minutes, a small or fast one on a whole chunk.
+PROBE_TOKENS = 16
+PROBE_S = 0.25
 
 
 @dataclass
@@ -189,43 +195,126 @@ class Engine:
         their first token, start their drafts. Each chunk extends the state the previous one
         left (as a decode step does), so the output equals one prefill of the whole prompt while
         the attention scores held at once shrink from the prompt's square to chunk x prompt."""
+        self._take_slots(reqs)
+        firsts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        c = self.prefill_chunk
+        for start in range(0, max(len(r.prompt) for r in reqs), c):
+            self._prefill_chunk(reqs, start, firsts)
+            if self.on_prefill is not None:
+                self.on_prefill(self, sum(min(len(r.prompt), start + c) for r in reqs))
+        if self.W:
+            self._draft_chain(reqs, torch.stack([firsts[id(r)][0] for r in reqs]),
+                              torch.stack([firsts[id(r)][1] for r in reqs]))
+
+    def _take_slots(self, reqs: list[Request]) -> None:
         for r in reqs:
             if not self.free:
                 raise RuntimeError("no free slot")
             r.slot = self.free.pop(0)
             self.state.reset_slot(r.slot)
-        firsts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        c = self.prefill_chunk
-        for start in range(0, max(len(r.prompt) for r in reqs), c):
-            part = [r for r in reqs if len(r.prompt) > start]
-            with self._phase("prefill"):
-                (logits, hidden), slots, lengths = self._target(
-                    part, [r.prompt[start:start + c] for r in part], [start] * len(part))
-            ending = [b for b, r in enumerate(part) if len(r.prompt) <= start + c]
-            for b in ending:
-                r = part[b]
-                r.length = len(r.prompt)
-                r.next_token = int(logits[b, r.length - 1 - start].argmax())
-                r.emit([r.next_token])
-            if self.on_prefill is not None:
-                self.on_prefill(self, sum(min(len(r.prompt), start + c) for r in reqs))
-            if not self.W:
-                continue
-            # The MTP over the chunk (eager, any length): position p takes token p + 1, the
-            # verified-in token after a prompt's last position.
-            with self._phase("prefill"):
-                toks, _ = _pad([(r.prompt + [r.next_token])[start + 1:start + 1 + c]
-                                for r in part], self.device)
-                last = [min(len(r.prompt) - 1 - start, c - 1) for r in part]
-                first, h = draft_extend(self.model, self.state, toks, hidden, slots,
-                                        torch.full_like(lengths, start), lengths,
-                                        torch.tensor(last, device=self.device),
-                                        hc_head_impl=self.draft_hc_head_impl)
-            for b in ending:
-                firsts[id(part[b])] = first[b], h[b]
-        if self.W:
-            self._draft_chain(reqs, torch.stack([firsts[id(r)][0] for r in reqs]),
-                              torch.stack([firsts[id(r)][1] for r in reqs]))
+
+    def _prefill_chunk(self, reqs: list[Request], start: int,
+                       firsts: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                       size: int | None = None) -> None:
+        """The prompt tokens ``start .. start + size`` (default ``prefill_chunk``) of the
+        requests that have them: the target, then (speculative) the MTP over the chunk. A request
+        whose prompt ends in the chunk gets its first token, and its first draft and hidden in
+        ``firsts``."""
+        c = size or self.prefill_chunk
+        part = [r for r in reqs if len(r.prompt) > start]
+        with self._phase("prefill"):
+            (logits, hidden), slots, lengths = self._target(
+                part, [r.prompt[start:start + c] for r in part], [start] * len(part))
+        ending = [b for b, r in enumerate(part) if len(r.prompt) <= start + c]
+        for b in ending:
+            r = part[b]
+            r.length = len(r.prompt)
+            r.next_token = int(logits[b, r.length - 1 - start].argmax())
+            r.emit([r.next_token])
+        if not self.W:
+            return
+        # The MTP over the chunk (eager, any length): position p takes token p + 1, the
+        # verified-in token after a prompt's last position.
+        with self._phase("prefill"):
+            toks, _ = _pad([(r.prompt + [r.next_token])[start + 1:start + 1 + c]
+                            for r in part], self.device)
+            last = [min(len(r.prompt) - 1 - start, c - 1) for r in part]
+            first, h = draft_extend(self.model, self.state, toks, hidden, slots,
+                                    torch.full_like(lengths, start), lengths,
+                                    torch.tensor(last, device=self.device),
+                                    hc_head_impl=self.draft_hc_head_impl)
+        for b in ending:
+            firsts[id(part[b])] = first[b], h[b]
+
+    @torch.no_grad()
+    def measure(self, prompts: list[list[int]], max_new_tokens: int) -> dict[str, float]:
+        """Seconds of the work that generating ``max_new_tokens`` after ``prompts`` (one
+        request each, all in free slots at once) does, timed on scratch requests before it
+        starts. ``prefill_first`` and ``prefill_last``: a prefill chunk of ``prefill_tokens``
+        tokens at the start of the prompts and one that ends where the longest ends; the chunk
+        is ``PROBE_TOKENS`` long, four times longer while one takes less than ``PROBE_S``, up to
+        ``prefill_chunk`` and the longest prompt. ``step_first`` and ``step_last``: one step
+        (plain: a decode; speculative: verify, rollback, draft-extend and draft chain) where the
+        first and where the last token is generated (0 where no step runs, ``max_new_tokens``
+        1). The cost of a chunk or a step grows with its position (the compressed entries
+        attended to), so the first and the last bound it. The first chunk and the first step run
+        twice, the faster timed (the first call's warm-up: kernel compilation, graph capture),
+        and so does a larger chunk at the start that takes ``PROBE_S`` or more (its size's first
+        call). The slots are reset and the phase times cleared afterwards: a run then goes as on
+        a fresh engine."""
+        if len(prompts) > len(self.free):
+            raise ValueError(f"{len(prompts)} prompts, {len(self.free)} free slots")
+        reqs = [Request(list(p), max_new_tokens + 1) for p in prompts]
+        hooks = self.on_prefill, self.on_step, self.draft_override
+        self.on_prefill = self.on_step = self.draft_override = None
+        self._take_slots(reqs)
+        try:
+            longest = max(len(p) for p in prompts)
+            widest = min(self.prefill_chunk, longest)
+            firsts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+            def chunk(start: int, size: int, again_from: float) -> float:
+                wall = self._timed(self._prefill_chunk, reqs, start, firsts, size)
+                if wall >= again_from:
+                    wall = min(wall, self._timed(self._prefill_chunk, reqs, start, firsts, size))
+                return wall
+
+            size = min(PROBE_TOKENS, widest)
+            first = chunk(0, size, 0.0)
+            while size < widest and first < PROBE_S:
+                size = min(4 * size, widest)
+                first = chunk(0, size, PROBE_S)
+            times = {"prefill_tokens": size, "prefill_first": first,
+                     "prefill_last": chunk(longest - size, size, math.inf) if longest > size
+                     else first, "step_first": 0.0, "step_last": 0.0}
+            if max_new_tokens > 1:
+                step = self.speculative_step if self.W else self.decode_step
+                room = self.state.max_seq_len - 2 * max(self.W, 1)  # a step's and its drafts'
+                for key, offset in (("step_first", 0), ("step_last", max_new_tokens - 2)):
+                    walls = []
+                    for _ in range(2 if offset == 0 else 1):
+                        for r in reqs:
+                            r.length = min(len(r.prompt) + offset, room)
+                            r.next_token, r.drafts = r.prompt[-1], [0] * max(self.W - 1, 0)
+                        walls.append(self._timed(step, reqs))
+                    times[key] = min(walls)
+        finally:
+            for r in reqs:
+                self.release(r)
+            self.phase_walls.clear()
+            self.phase_events.clear()
+            self.on_prefill, self.on_step, self.draft_override = hooks
+        return times
+
+    def _timed(self, fn, *args) -> float:
+        """Wall seconds of ``fn(*args)``, the device synchronised at both ends."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        fn(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def _decode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
         logits, _ = self.model(inputs["tokens"][:, None], self.state, inputs["slots"],

@@ -1,8 +1,15 @@
-"""``dsv4spec generate``: greedy generation with or without MTP speculative decoding."""
+"""``dsv4spec generate``: greedy generation with or without MTP speculative decoding.
+
+Before a run estimated to take more than a minute (a prefill chunk and a step timed first, at
+the start and the end of the context), one line on stderr states the estimate. Progress shows
+on stderr: tqdm bars on a terminal (building a big preset's model, the prefill of a prompt longer
+than a chunk, the generated tokens); where stderr is no terminal, or with ``--json``, only for a
+run estimated past a minute, as a line 5 s into each phase and every 30 s after."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -12,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from dsv4spec.engine.generate import (
     MAX_NUM_DRAFT_TOKENS,
@@ -32,6 +40,10 @@ HEADROOM = 1.25  # allocator slack and temporaries over params + state + prefill
 BASE_BYTES = 256 * 2**20  # the process itself: torch's libraries and thread pools
 # Prefill chunks tried, largest first (fewer forwards) until one fits in memory.
 CHUNK_CHOICES = (2048, 1024, 512, 256, 128, 64, 16)
+LONG_RUN_S = 60.0  # a run estimated longer: its estimate first, progress on stderr whatever it is
+PROGRESS_FIRST_S = 5.0  # progress as lines (no terminal): the first this far into a phase,
+PROGRESS_EVERY_S = 30.0  # then one per this many seconds
+BAR_DELAY_S = 2.0  # the model's build bar appears on a terminal only once building takes longer
 
 
 def prompt_text(text: str) -> str:
@@ -308,13 +320,25 @@ def main(args: argparse.Namespace) -> int:
             check_weights(shapes, checkpoint)  # the header only, before building the model
         except CheckpointError as e:
             raise UsageError("--checkpoint", str(e)) from e
-    model = build_model(cfg, checkpoint, device=device, dtype=dtype)
+    terminal = _stderr_is_terminal()
+    with _build_progress(cfg, f"building {args.preset}", terminal and not args.json):
+        model = build_model(cfg, checkpoint, device=device, dtype=dtype)
     reqs = [Request(encode(p), args.max_new_tokens) for p in args.prompts]
     engine = Engine(model, num_slots=len(reqs), max_seq_len=max_len, num_draft_tokens=W,
                     rollback=args.rollback, rollback_in_verify=not args.rollback_after_verify,
                     draft_hc_head_impl=args.draft_hc_head_impl, cuda_graphs=args.cuda_graphs,
                     prefill_chunk=chunk)
-    bars = _progress(engine, reqs, chunk) if not args.json else []
+    times = engine.measure([r.prompt for r in reqs], args.max_new_tokens)
+    estimate, what = run_estimate(times, max(len(r.prompt) for r in reqs), args.max_new_tokens,
+                                  W)
+    long = estimate > LONG_RUN_S
+    if long:
+        where = "this CPU" if device.type == "cpu" else str(device)
+        print(f"generate: about {duration(estimate)} on {where} ({what}); Ctrl-C interrupts it",
+              file=sys.stderr, flush=True)
+    bars = []
+    if long or (terminal and not args.json):
+        bars = _progress(engine, reqs, chunk, bar=terminal)
     start = time.perf_counter()
     try:
         engine.generate(reqs)
@@ -350,6 +374,156 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_estimate(times: dict[str, float], longest: int, max_new_tokens: int,
+                 W: int) -> tuple[float, str]:
+    """Seconds a run takes, from :meth:`Engine.measure`'s ``times``, and what they are made of,
+    for the estimate's line. The prefill takes the measured chunk's time per token for the
+    longest prompt; a chunk's or a step's cost grows with its position (the entries attended
+    to), taken as linear between the first and the last measured; a speculative step is counted
+    per token, as if no draft were accepted (an upper bound)."""
+    size = times["prefill_tokens"]
+    first, last = times["prefill_first"], times["prefill_last"]
+    prefill = first if longest <= size else longest / size * (first + last) / 2
+    steps = max_new_tokens - 1
+    decoding = steps * (times["step_first"] + times["step_last"]) / 2
+    parts = []
+    if longest > size:
+        parts.append(f"prefill {duration(prefill)}: {longest:,} tokens, "
+                     f"{_span(first / size, last / size)} per token measured")
+    if steps:
+        per = "per step measured, one step per token at most" if W else "per token measured"
+        parts.append(f"{max_new_tokens:,} tokens, "
+                     f"{_span(times['step_first'], times['step_last'])} {per}")
+    else:
+        parts.append(f"{max_new_tokens:,} token, from the prefill")
+    return prefill + decoding, "; ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a person reads a wait: 45 s, 12 min, 3 h 20 min, 12 days (290 h)."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    return f"{round(hours / 24)} days ({hours:,} h)"
+
+
+def _seconds(t: float) -> str:
+    """A measured time: 470 µs, 4.1 ms, 190 ms, 2.3 s, or as :func:`duration` from 90 s on."""
+    if t < 0.001:
+        return f"{t * 1e6:.0f} µs"
+    if t < 0.01:
+        return f"{t * 1e3:.1f} ms"
+    if t < 1:
+        return f"{t * 1e3:.0f} ms"
+    return f"{t:.1f} s" if t < 90 else duration(t)
+
+
+def _span(first: float, last: float) -> str:
+    """A time measured at the start of the context and at its end: the first, or both where the
+    end's is more than a fifth longer."""
+    if last <= 1.2 * first:
+        return _seconds(first)
+    return f"{_seconds(first)} rising to {_seconds(last)}"
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
+
+
+class _Lines:
+    """Progress as lines on stderr, which a log keeps (tqdm redraws one line with carriage
+    returns): a line ``PROGRESS_FIRST_S`` into the phase and one every ``PROGRESS_EVERY_S``
+    after, with the rate and the time left at that rate; while the phase's time projected from
+    that rate is at most ``over`` seconds, none. ``unit`` None: a percentage only."""
+
+    def __init__(self, total: int, desc: str, unit: str | None = "tok",
+                 over: float = 0.0) -> None:
+        self.total, self.desc, self.unit, self.over = total, desc, unit, over
+        self.n = 0
+        self.start = _clock()
+        self.due = self.start + PROGRESS_FIRST_S
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        now = _clock()
+        if now < self.due or not self.n:
+            return
+        self.due = now + PROGRESS_EVERY_S
+        elapsed = now - self.start
+        projected = elapsed * self.total / self.n
+        if projected <= self.over:
+            return
+        share = f"{100 * min(self.n, self.total) / self.total:.0f} %"
+        if self.unit is not None:
+            rate = self.n / elapsed if elapsed > 0 else 0.0
+            share = (f"{self.n:,} of {self.total:,} {self.unit} ({share}), "
+                     f"{rate:,.1f} {self.unit}/s")
+        print(f"{self.desc}: {share}, about {duration(max(projected - elapsed, 0))} left",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+def _progress_bar(total: int, desc: str, *, bar: bool, unit: str | None = "tok",
+                  over: float = 0.0, **tqdm_args):
+    """A tqdm bar on stderr where ``bar`` (a terminal) and tqdm is installed; else
+    :class:`_Lines` (``over``: none while the phase is projected to end within it; 0 where a
+    bar was asked)."""
+    if bar:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return _Lines(total, desc, unit)
+        return tqdm(total=total, desc=desc, **({"unit": unit} if unit else {}), **tqdm_args)
+    return _Lines(total, desc, unit, over)
+
+
+@contextlib.contextmanager
+def _build_progress(cfg: ModelConfig, desc: str, bar: bool):
+    """Progress of building a model of ``cfg`` inside the block, in two parts of the parameters'
+    size each: constructing them (counted as they are registered) and filling them (random or
+    a checkpoint's weights: counted as they are copied in). A terminal's bar appears once it
+    has taken ``BAR_DELAY_S`` (a small preset's build shows nothing); lines where ``bar`` is
+    false, only while the build is projected past ``LONG_RUN_S``."""
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in Transformer(cfg).parameters())
+    progress = _progress_bar(2 * numel, desc, bar=bar, unit=None, over=LONG_RUN_S,
+                             delay=BAR_DELAY_S,
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+
+    def registered(module, name, param):
+        if param is not None:
+            progress.update(param.numel())
+
+    class Filled(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if (getattr(func, "__name__", "") == "copy_" and args
+                    and isinstance(args[0], torch.nn.Parameter)):
+                progress.update(args[0].numel())
+            return func(*args, **(kwargs or {}))
+
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(registered)
+    try:
+        with Filled():
+            yield
+    finally:
+        hook.remove()
+        progress.close()
+
+
 def _shown(prompt: str, limit: int = 200) -> str:
     """A prompt as the output heads it: its repr, long ones cut in the middle."""
     if len(prompt) <= limit:
@@ -357,15 +531,14 @@ def _shown(prompt: str, limit: int = 200) -> str:
     return f"{prompt[:limit // 2]!r} ... {prompt[-limit // 2:]!r} ({len(prompt)} characters)"
 
 
-def _progress(engine: Engine, reqs: list[Request], chunk: int) -> list:
-    """Progress bars on stderr, one at a time: the prefill (prompts longer than one chunk), then
-    the generated tokens from the first step on. Returns the bars, for closing."""
-    from tqdm import tqdm
-
+def _progress(engine: Engine, reqs: list[Request], chunk: int, bar: bool) -> list:
+    """Progress on stderr, one phase at a time: the prefill (prompts longer than one chunk),
+    then the generated tokens from the first step on; tqdm bars where ``bar``, else lines
+    (:class:`_Lines`). Returns them, for closing."""
     bars = []
     prompt_tokens = sum(len(r.prompt) for r in reqs)
     if max(len(r.prompt) for r in reqs) > chunk:
-        prefill = tqdm(total=prompt_tokens, desc="prefill", unit="tok")
+        prefill = _progress_bar(prompt_tokens, "prefill", bar=bar)
         bars.append(prefill)
 
         def on_prefill(e, done: int) -> None:
@@ -377,8 +550,8 @@ def _progress(engine: Engine, reqs: list[Request], chunk: int) -> list:
 
     def on_step(e, active) -> None:
         if len(bars) == 0 or bars[-1].desc != "generate":
-            bars.append(tqdm(total=len(reqs) * reqs[0].max_new_tokens, desc="generate",
-                             unit="tok"))
+            bars.append(_progress_bar(len(reqs) * reqs[0].max_new_tokens, "generate",
+                                      bar=bar))
         bars[-1].update(sum(len(r.output) for r in reqs) - bars[-1].n)
 
     engine.on_step = on_step
