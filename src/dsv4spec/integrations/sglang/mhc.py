@@ -97,9 +97,10 @@ MEASURED_MAX_TOKENS: dict[str, int | None] = {
 # The token count from which SGLang's op computes its pre-norm GEMM with DeepGEMM's tf32
 # ``tf32_hc_prenorm_gemm`` where SGLang's ``_use_deep_gemm_hc_prenorm()`` says so
 # (``SGLANG_OPT_DEEPGEMM_HC_PRENORM``, on by default, and DeepGEMM enabled and importable): mhc_pre
-# at every count, the fused boundary above its one-launch TileLang kernel's 32 tokens. The tables
-# compare with SGLang's TileLang GEMM, so these counts keep SGLang's op until measured against
-# DeepGEMM. mhc_post never uses DeepGEMM.
+# at every count, the fused boundary above its one-launch TileLang kernel's 32 tokens. A table row
+# decides these counts only where it was measured against DeepGEMM (its ``measured_against``:
+# hooks.path_matches); rows measured against SGLang's TileLang GEMM keep SGLang's op there.
+# mhc_post never uses DeepGEMM.
 DEEP_GEMM_FROM_TOKENS: dict[str, int | None] = {
     "mhc_pre": 1,
     "mhc_post": None,
@@ -141,10 +142,11 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     Returns
     -------
     bool
-        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op``, below the
-        count from which SGLang's op runs DeepGEMM where ``deep_gemm``
-        (:data:`DEEP_GEMM_FROM_TOKENS`), and lies in one of the measured winning ranges of
-        ``op``'s table for that architecture, mode and width.
+        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op``, the table's
+        rows were measured against the path SGLang's op takes there (DeepGEMM's GEMM from
+        :data:`DEEP_GEMM_FROM_TOKENS` where ``deep_gemm``, else its own kernels:
+        :func:`~dsv4spec.integrations.hooks.path_matches`), and it lies in one of the measured
+        winning ranges of ``op``'s table for that architecture, mode and width.
     """
     cap, deep_from = MEASURED_MAX_TOKENS[op], DEEP_GEMM_FROM_TOKENS[op]
     if architecture is None or (cap is not None and num_tokens > cap):

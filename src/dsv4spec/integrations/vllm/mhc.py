@@ -72,8 +72,10 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     -------
     bool
         True iff ``num_tokens`` lies in one of ``op``'s measured winning ranges for that
-        architecture, mode and width, and, where ``deep_gemm``, below the count from which vLLM's
-        op runs DeepGEMM (:data:`~dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS`).
+        architecture, mode and width, measured against the path vLLM's op takes there
+        (DeepGEMM's GEMM from :data:`~dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS`
+        where ``deep_gemm``, else its own kernels:
+        :func:`~dsv4spec.integrations.hooks.path_matches`).
     """
     deep_from = DEEP_GEMM_FROM_TOKENS[op]
     if architecture is None:

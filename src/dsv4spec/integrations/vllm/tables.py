@@ -40,9 +40,9 @@ TABLES: dict[str, FileTable] = {op: faster_table("vllm", op) for op in OPS}
 # The token count from which vLLM's op computes its pre-norm GEMM with DeepGEMM where DeepGEMM is
 # supported (``is_deep_gemm_supported()``: Hopper or Blackwell, VLLM_USE_DEEP_GEMM, DeepGEMM
 # importable) instead of TileLang: mhc_pre at every count, the fused boundary above its one-launch
-# TileLang kernel's 32 tokens. The tables compare with TileLang's GEMM, so where vLLM runs
-# DeepGEMM these counts keep vLLM's op until measured against it. mhc_post and hc_head never
-# use DeepGEMM.
+# TileLang kernel's 32 tokens. Where vLLM runs DeepGEMM a row decides these counts only if it
+# was measured against DeepGEMM (its ``measured_against``: hooks.path_matches). mhc_post and
+# hc_head never use DeepGEMM.
 DEEP_GEMM_FROM_TOKENS: dict[str, int | None] = {
     "hc_head": None,
     "mhc_pre": 1,
