@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -316,7 +317,9 @@ def _collected_warnings() -> Iterator[list[str]]:
         def emit(self, record: logging.LogRecord) -> None:
             if getattr(record, PATH_MISMATCH, False):  # the DeepGEMM cases are reported apart
                 return
-            messages.append(" ".join(record.getMessage().split()))
+            # a packaged file by its name, as the tables line names it (not this machine's path)
+            text = record.getMessage().replace(str(tables.PACKAGED_DIR) + os.sep, "packaged ")
+            messages.append(" ".join(text.split()))
 
     handler = Collect(logging.WARNING)
     propagate = logger.propagate
