@@ -27,8 +27,10 @@ from types import ModuleType
 
 import torch
 
+from dsv4spec.integrations import tables
+
 __all__ = ["CHOICES", "DEEPGEMM", "TILELANG", "DeepGemmUnavailable", "add_argument",
-           "describe", "gemm_path", "measured_against", "resolve"]
+           "deepgemm_above", "describe", "gemm_path", "measured_against", "resolve"]
 
 CHOICES = ("auto", "on", "off")
 # the two pre-norm GEMM paths a peer can measure, as results record them
@@ -149,14 +151,24 @@ PRE_OPS = ("pre", "mhc_pre")
 BOUNDARY_OPS = ("post_pre", "mhc_fused_post_pre", "mhc_fused_post_pre_reuse_residual")
 
 
+def deepgemm_above(op: str) -> int | None:
+    """The count above which an engine's ``op`` computes its pre-norm GEMM with DeepGEMM where
+    the engine runs DeepGEMM: 0 for :data:`PRE_OPS` (every count), the fused kernel's
+    :data:`FUSED_TILELANG_MAX_TOKENS` for :data:`BOUNDARY_OPS`, None for an op without such a
+    GEMM (``mhc_post``, ``hc_head``)."""
+    if op in PRE_OPS:
+        return 0
+    if op in BOUNDARY_OPS:
+        return FUSED_TILELANG_MAX_TOKENS
+    return None
+
+
 def gemm_path(op: str, T: int, deep_gemm: bool) -> str:
     """Which pre-norm GEMM an engine's ``op`` (:data:`PRE_OPS`, :data:`BOUNDARY_OPS`, or one
     without such a GEMM: ``mhc_post``, ``hc_head``) computes at ``T`` tokens: :data:`DEEPGEMM`
     or :data:`TILELANG` (TileLang's kernels alone)."""
-    if deep_gemm and (op in PRE_OPS
-                      or (op in BOUNDARY_OPS and T > FUSED_TILELANG_MAX_TOKENS)):
-        return DEEPGEMM
-    return TILELANG
+    above = deepgemm_above(op)
+    return DEEPGEMM if deep_gemm and above is not None and T > above else TILELANG
 
 
 def measured_against(op: str, counts, deep_gemm: bool) -> str:
@@ -167,13 +179,14 @@ def measured_against(op: str, counts, deep_gemm: bool) -> str:
     pre-norm GEMM, or every count stayed in the fused one-launch kernel), and where both ran,
     ``"tilelang to 32 tokens, deepgemm above"`` (the fused boundary's hand-over)."""
     if not deep_gemm:
-        return "tilelang, DeepGEMM off"
-    paths = {c: gemm_path(op, c, True) for c in counts}
-    if paths and all(p == DEEPGEMM for p in paths.values()):
-        return DEEPGEMM
-    if DEEPGEMM not in paths.values():
-        return "tilelang, DeepGEMM on"
-    return f"tilelang to {FUSED_TILELANG_MAX_TOKENS} tokens, deepgemm above"
+        return tables.TILELANG_DEEPGEMM_OFF
+    above = deepgemm_above(op)
+    ran = [above is not None and c > above for c in counts]
+    if ran and all(ran):
+        return tables.DEEPGEMM_PATH
+    if not any(ran):
+        return tables.TILELANG_DEEPGEMM_ON
+    return tables.split_path(above)
 
 
 def describe(module: ModuleType | None) -> str:

@@ -104,7 +104,7 @@ class Grid:
     whole_above: int | None = None
     whole_of: int = 1
     engine: str = "sglang"  # whose hook: the planner switches are its op's
-    measured_against: str = "tilelang, DeepGEMM off"
+    measured_against: str = tables.TILELANG_DEEPGEMM_OFF
     # measured beside the engine's DeepGEMM GEMM above this many tokens (None: DeepGEMM off or
     # no pre-norm GEMM): DeepGEMM's split changes are switches too
     deepgemm_above: int | None = None
@@ -192,12 +192,10 @@ def grids_for(engine: str, deep_gemm: bool) -> dict[str, Grid]:
         return grids
     out = dict(grids)
     for hook, g in grids.items():
-        if hook not in plans.GEMM_HOOKS:
-            continue
-        above = min(c for c in range(1, max(DEEPGEMM_COUNTS) + 1)
-                    if deepgemm.gemm_path(hook, c, True) == deepgemm.DEEPGEMM) - 1
-        out[hook] = replace(g, counts=DEEPGEMM_COUNTS, max_count=max(DEEPGEMM_COUNTS),
-                            note=None, deepgemm_above=above)
+        above = deepgemm.deepgemm_above(hook)
+        if above is not None:
+            out[hook] = replace(g, counts=DEEPGEMM_COUNTS, max_count=max(DEEPGEMM_COUNTS),
+                                note=None, deepgemm_above=above)
     return out
 MAX_REFINE = 3  # bisections between two neighbours whose winners differ
 # per key; the estimate is the H200's, from the full runs of 2026-12-01 (2.5 min of measuring
@@ -893,8 +891,8 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print("\n".join(f"wrote {p}" for p in written))
         return 0
-    lines, seconds = plan(hooks, args.quick, args.engine, args.deepgemm == "on")
     if args.plan:
+        lines, seconds = plan(hooks, args.quick, args.engine, args.deepgemm == "on")
         points = sum(hook_seconds(grids[h], args.quick)[0] for h in hooks)
         runs = calls(hooks, args.quick, args.engine, deep_gemm=args.deepgemm == "on")
         print("\n".join(lines) + f"\nin all {points} points, ~{seconds / 60:.1f} min on an H200 "

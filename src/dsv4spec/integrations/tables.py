@@ -260,9 +260,16 @@ def validate_hook(entry: Any, what: str) -> dict[str, Any]:
 # with their pre-norm GEMM in TileLang (DeepGEMM off, or on where the op runs no DeepGEMM GEMM at
 # the counts measured), DeepGEMM's GEMM at every count, or the fused boundary's TileLang kernel up
 # to N tokens and DeepGEMM's GEMM above; SGLang's Triton and torch kernels.
-_NO_DEEPGEMM_PATHS = ("tilelang, DeepGEMM off", "tilelang, DeepGEMM on", "triton", "torch")
+TILELANG_DEEPGEMM_OFF, TILELANG_DEEPGEMM_ON = "tilelang, DeepGEMM off", "tilelang, DeepGEMM on"
+_NO_DEEPGEMM_PATHS = (TILELANG_DEEPGEMM_OFF, TILELANG_DEEPGEMM_ON, "triton", "torch")
 DEEPGEMM_PATH = "deepgemm"
 _SPLIT_PATH = re.compile(r"tilelang to ([1-9][0-9]*) tokens, deepgemm above")
+
+
+def split_path(above: int) -> str:
+    """The label of rows measured against the engine's TileLang kernels up to ``above`` tokens
+    and DeepGEMM's GEMM above (the fused boundary with DeepGEMM on)."""
+    return f"tilelang to {above} tokens, deepgemm above"
 
 
 def deepgemm_above(measured_against: Any, what: str = "measured_against") -> int | None:
