@@ -92,7 +92,7 @@ def test_help_works_without_triton_and_lists_every_command():
 
 
 @pytest.mark.parametrize("argv", [["demo"], ["train-tiny", "--out", "sub/tiny.safetensors"],
-                                  ["doctor"], ["bench", "hc-head"]], ids=" ".join)
+                                  ["tune", "--report"], ["bench", "hc-head"]], ids=" ".join)
 def test_a_command_without_triton_says_which_release_to_install(argv, tmp_path):
     res = python(NO_TRITON, *argv, cwd=tmp_path)
     prog = "dsv4spec " + " ".join(a for a in argv if not a.startswith(("-", "sub")))
@@ -101,6 +101,37 @@ def test_a_command_without_triton_says_which_release_to_install(argv, tmp_path):
     assert res.stderr.startswith(f"{prog}: error: Triton is not installed"), res.stderr
     assert f"python -m pip install {triton_hint().split('pip install ', 1)[1]}" in res.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_doctor_without_triton_reports_what_is_missing_and_what_it_costs(tmp_path):
+    res = python(NO_TRITON, "doctor", cwd=tmp_path)
+    assert res.returncode == 1 and not res.stderr, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("dsv4spec ") and lines[-1] == "result    not validated (exit 1)"
+    text = " ".join(res.stdout.split())
+    assert "Triton not installed" in text
+    assert ("Triton is not installed (a CPU-only torch brings none): dsv4spec's ops are Triton "
+            "kernels, so none of its hooks can load") in text
+    assert f"python -m pip install {triton_hint().split('pip install ', 1)[1]}" in text
+    for name in ("SGLang", "vLLM"):  # each engine: installed (its version) or not
+        assert any(line.startswith(name) for line in lines), (name, res.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+    res = python(NO_TRITON, "doctor", "--json", cwd=tmp_path)
+    assert res.returncode == 1 and not res.stderr, res.stderr
+    report = json.loads(res.stdout)
+    from dsv4spec.integrations import tables
+    from tests.test_doctor import KEYS
+
+    assert set(report) == KEYS
+    assert report["triton"]["version"] is None and report["exit"] == 1
+    stack = report["triton"]["stack"]
+    assert f"triton=={stack}." in triton_hint()  # the release the hint installs
+    # the packaged files that Triton would read, each measured under it
+    packaged = report["tables"]["packaged_for_stack"]
+    assert packaged and all(tables.file_stack(json.loads((tables.PACKAGED_DIR / name)
+                                                         .read_text())) == stack
+                            for name in packaged)
 
 
 @pytest.mark.parametrize("torch_version, hint", [

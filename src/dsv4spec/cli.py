@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         return _no_triton(_prog_of(argv))
 
 
+# The commands that run without Triton.
+WITHOUT_TRITON = ("doctor",)
+
+
 def _prog_of(argv: list[str]) -> str:
     """``dsv4spec`` and the command (and benchmark) ``argv`` names, before it is parsed: the
     top-level options take no value, so the first word is the command."""
@@ -266,7 +270,8 @@ def _run(argv: list[str]) -> int:
     args = parse_args(argv)
     prog = f"dsv4spec {args.command}" + (f" {args.bench}" if args.command == "bench" else "")
     debug = args.debug or env_switch(DEBUG_ENV, False)
-    if importlib.util.find_spec("triton") is None:  # before the command writes anything
+    # before the command writes anything; doctor reports a missing Triton itself
+    if args.command not in WITHOUT_TRITON and importlib.util.find_spec("triton") is None:
         raise ModuleNotFoundError("No module named 'triton'", name="triton")
     if args.command == "bench":
         import torch

@@ -47,13 +47,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import triton
 
 from dsv4spec import __version__
 from dsv4spec.integrations import manifest, tables
 from dsv4spec.integrations.hooks import PATH_MISMATCH, switch_on
-from dsv4spec.kernels import launch
-from dsv4spec.usage import UsageError, switch_setting
+from dsv4spec.kernels import DIRECT_LAUNCH_LAYOUTS, triton_version
+from dsv4spec.usage import TRITON_FOR_TORCH, UsageError, switch_setting, triton_hint
 
 # engine -> (its name for people, its plugin module)
 ENGINES = {"sglang": ("SGLang", "dsv4spec.integrations.sglang.plugin"),
@@ -178,6 +177,8 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
             raise ValueError(f"sources: unknown engine {engine!r} (one of {sorted(ENGINES)})")
         if root is not None and not (Path(root) / engine).is_dir():
             raise UsageError(f"--{engine}-source", f"{root} holds no {engine}/ folder")
+    if triton_version() is None:
+        return _report_without_triton()
     gpu_what_if = device_name is not None or capability is not None or triton_stack is not None
     what_if = gpu_what_if or bool(engines)
     # A what-if naming no GPU on a machine without one: every GPU the packaged tables cover.
@@ -188,8 +189,9 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
         "dsv4spec": __version__, "what_if": what_if, "gpu": gpu,
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
                   "hip": torch.version.hip},
-        "triton": {"version": triton.__version__, "running_stack": tables.running_stack(),
-                   "stack": gpu["stack"], "direct_launch": launch.direct_launch_layout()},
+        "triton": {"version": triton_version(), "running_stack": tables.running_stack(),
+                   "stack": gpu["stack"],
+                   "direct_launch": DIRECT_LAUNCH_LAYOUTS.get(triton_version())},
     }
     architecture = None if gpu["architecture"] is None else tuple(gpu["architecture"])
     assumed = (tables.assuming(gpu["name"], gpu["stack"]) if gpu_what_if and not each_packaged
@@ -214,6 +216,45 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
     report["problems"] = _problems(report)
     report["exit"] = 1 if report["problems"] else 0
     return report
+
+
+def stack_without_triton() -> str:
+    """Where no Triton is installed, the stack of the release ``triton_hint`` names: the one
+    dsv4spec pairs with the installed torch, else the newest it pairs with any."""
+    minor = re.match(r"(\d+\.\d+)", torch.__version__)
+    release = TRITON_FOR_TORCH.get(minor.group(1) if minor else "")
+    return tables.stack_of(release or max(TRITON_FOR_TORCH.values(), key=_version_key))
+
+
+def _report_without_triton() -> dict[str, Any]:
+    """The report where Triton is not installed: nothing of dsv4spec can run (its ops are Triton
+    kernels, and its hooks' modules import them), so it says so, what to install, what the
+    engines found are and which packaged tables that Triton would read; no hook lines."""
+    stack = stack_without_triton()
+    packaged = []
+    for path in sorted(tables.PACKAGED_DIR.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            if tables.file_stack(json.loads(path.read_text(encoding="utf-8"))) == stack:
+                packaged.append(path.name)
+    engines = {}
+    for engine, (name, module) in ENGINES.items():
+        version, root = _installed(engine, importlib.import_module(module))
+        engines[engine] = {"name": name, "installed": version,
+                           "source": None if root is None else str(root)}
+    problem = (f"Triton is not installed (a CPU-only torch brings none): dsv4spec's ops are "
+               f"Triton kernels, so none of its hooks can load and the engines' own code runs "
+               f"everywhere (neither engine starts without Triton either); "
+               f"{triton_hint()}, then run dsv4spec doctor again for the hooks")
+    return {"dsv4spec": __version__, "what_if": False, "gpu": _gpu(None, None, stack, False),
+            "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
+                      "hip": torch.version.hip},
+            "triton": {"version": None, "running_stack": None, "stack": stack,
+                       "direct_launch": None},
+            "tables": {"packaged_for_stack": packaged}, "engines": engines,
+            "assumed_engines": [], "packaged_gpus": [],
+            "numerics": {"run": False, "skipped": "Triton is not installed", "checks": [],
+                         "ok": None, "seconds": None},
+            "warnings": [], "problems": [problem], "exit": 1}
 
 
 def _gpu(device_name: str | None, capability: tuple[int, int] | None, stack: str | None,
@@ -729,10 +770,15 @@ def render(report: dict) -> str:
         lines.append(_row("GPU", f"{_gpu_label(gpu)}, {where}"))
     t, tr = report["torch"], report["triton"]
     backend = f"CUDA {t['cuda']}" if t["cuda"] else f"HIP {t['hip']}" if t["hip"] else "CPU"
-    stack = tr["stack"] + ("" if tr["stack"] == tr["running_stack"] else
-                           f" assumed, running {tr['running_stack']}")
-    lines += _wrapped("torch", f"{t['version']} ({backend}); Triton {tr['version']} "
-                               f"(stack {stack})" + _direct_launch_note(tr))
+    if tr["version"] is None:
+        triton_text = "Triton not installed"
+    else:
+        stack = tr["stack"] + ("" if tr["stack"] == tr["running_stack"] else
+                               f" assumed, running {tr['running_stack']}")
+        triton_text = f"Triton {tr['version']} (stack {stack})" + _direct_launch_note(tr)
+    lines += _wrapped("torch", f"{t['version']} ({backend}); {triton_text}")
+    if tr["version"] is None:
+        return "\n".join(lines + _lines_without_triton(report))
     if not report["packaged_gpus"]:
         lines += _tables_lines(report["tables"], gpu)
     answered: dict[str, list[str]] = {}  # the versions whose hook lines follow
@@ -765,13 +811,26 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _lines_without_triton(report: dict) -> list[str]:
+    """The rest of :func:`_report_without_triton`'s screen: tables, engines, the problem."""
+    stack, packaged = report["triton"]["stack"], report["tables"]["packaged_for_stack"]
+    lines = _wrapped("tables", f"packaged for Triton {stack}, which the line below installs: "
+                               + (", ".join(packaged) or "none"))
+    for engine in report["engines"].values():
+        lines += _wrapped(engine["name"], f"{engine['installed']} installed"
+                          if engine["installed"] else "not installed")
+    for problem in report["problems"]:
+        lines += _wrapped("problem", problem)
+    return lines + [_row("result", f"not validated (exit {report['exit']})")]
+
+
 def _direct_launch_note(triton_report: dict) -> str:
     """What the running Triton release means for eager calls, where it is not a release the
     direct launch binds and the tables read are its stack's."""
     if (triton_report["direct_launch"] is not None
             or triton_report["stack"] != triton_report["running_stack"]):
         return ""
-    return (f"; no direct launch under this release (only {', '.join(launch.DIRECT_LAUNCH_LAYOUTS)}"
+    return (f"; no direct launch under this release (only {', '.join(DIRECT_LAUNCH_LAYOUTS)}"
             "): the tables' eager rows do not hold, every eager call runs the engine's code")
 
 

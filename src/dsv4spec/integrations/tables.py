@@ -89,10 +89,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import triton
 
 from dsv4spec.integrations.hooks import Architecture, Spans
-from dsv4spec.kernels.launch import DIRECT_LAUNCH_LAYOUTS, direct_launch_supported
+from dsv4spec.kernels import DIRECT_LAUNCH_LAYOUTS, triton_version
 
 logger = logging.getLogger("dsv4spec.integrations")
 
@@ -148,8 +147,12 @@ def stack_of(triton_version: str) -> str:
 
 
 def running_stack() -> str:
-    """The stack of the Triton this process compiles our kernels with."""
-    return stack_of(triton.__version__)
+    """The stack of the Triton this process compiles our kernels with;
+    ``ModuleNotFoundError`` where none is installed (read :func:`assuming` a stack instead)."""
+    version = triton_version()
+    if version is None:
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+    return stack_of(version)
 
 
 def device_file_name(device_name: str, stack: str | None = None) -> str:
@@ -508,7 +511,7 @@ def _chain(device_name: str | None, architecture: Architecture,
                 "Triton %s) in %s or the package%s; the engine's own code runs for every "
                 "table-gated hook. `dsv4spec tune` measures this GPU under this Triton and "
                 "writes its table", device_name, architecture_name(architecture), stack,
-                triton.__version__, user_dir(),
+                triton_version() or "none", user_dir(),
                 f" (measured: {measured})" if measured else "")
     _chains[cache_key] = chain
     return chain
@@ -617,21 +620,24 @@ def eager_rows_hold(measured_triton: str | None) -> bool:
     than the running one, the release that stack's file was measured under is assumed."""
     if measured_triton not in DIRECT_LAUNCH_LAYOUTS:
         return True
-    if _assumed is not None and _assumed[1] is not None and _assumed[1] != running_stack():
+    running = triton_version()
+    if _assumed is not None and _assumed[1] is not None and (
+            running is None or _assumed[1] != running_stack()):
         return True
-    return direct_launch_supported()
+    return running in DIRECT_LAUNCH_LAYOUTS
 
 
 def _graph_rows_only(entry: dict, source: Source) -> dict:
     """``entry`` with no eager range (one WARNING per process where any is dropped)."""
-    if any(entry["eager"].values()) and triton.__version__ not in _told_no_direct_launch:
-        _told_no_direct_launch.add(triton.__version__)
+    running = triton_version()
+    if any(entry["eager"].values()) and running not in _told_no_direct_launch:
+        _told_no_direct_launch.add(running)
         logger.warning(
             "dsv4spec: Triton %s is not a release dsv4spec's direct launch binds (%s): every "
             "eager launch of its kernels goes through Triton's dispatcher, so the eager rows of "
             "%s (measured with the direct launch under Triton %s) do not hold and every eager "
             "call runs the engine's own code; CUDA graphs follow the graph rows",
-            triton.__version__, ", ".join(DIRECT_LAUNCH_LAYOUTS), source.path, source.triton)
+            running, ", ".join(DIRECT_LAUNCH_LAYOUTS), source.path, source.triton)
     return {**entry, "eager": {key: () for key in entry["eager"]}}
 
 

@@ -1,8 +1,24 @@
-"""Triton device code and launchers. Import-light: nothing here imports ``dsv4spec.ops``."""
+"""Triton device code and launchers. Import-light: nothing here imports ``dsv4spec.ops``, and
+this module imports no Triton (a CPU-only torch brings none; ``dsv4spec doctor`` still answers)."""
 
+import importlib
 import os
 
 import torch
+
+# The Triton releases whose C launcher :mod:`dsv4spec.kernels.launch` binds directly, each with
+# its argument layout (see there).
+DIRECT_LAUNCH_LAYOUTS = {"3.6.0": "per_signature", "3.8.0": "generic"}
+
+
+def triton_version() -> str | None:
+    """The importable Triton's version, or None where none is installed."""
+    try:
+        return importlib.import_module("triton").__version__
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        return None
 
 
 def interpreter_enabled() -> bool:

@@ -30,9 +30,10 @@ import torch
 import triton
 from triton import knobs
 
-from dsv4spec.kernels import interpreter_enabled
+from dsv4spec.kernels import DIRECT_LAUNCH_LAYOUTS, interpreter_enabled
 
-# The direct launch calls Triton's compiled-kernel internals (``CompiledKernel.function``,
+# DIRECT_LAUNCH_LAYOUTS (kept in dsv4spec.kernels, which imports no Triton, for doctor and the
+# tables): the direct launch calls Triton's compiled-kernel internals (``CompiledKernel.function``,
 # ``packed_metadata`` and the C launcher's positional argument list), which change between
 # releases: Triton 3.6 compiles one C launcher per signature and takes the kernel's arguments
 # spread after the hooks; Triton 3.8 has one generic C launcher that takes the scratch buffers,
@@ -43,7 +44,6 @@ from dsv4spec.kernels import interpreter_enabled
 # built from, near that release or not, and a C launcher of another layout reads its positional
 # arguments unchecked (a wrong launch or a crash, not an exception), which no check at bind time
 # can rule out.
-DIRECT_LAUNCH_LAYOUTS = {"3.6.0": "per_signature", "3.8.0": "generic"}
 
 
 def direct_launch_layout(version: str | None = None) -> str | None:
