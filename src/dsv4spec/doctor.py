@@ -50,7 +50,7 @@ import torch
 
 from dsv4spec import __version__
 from dsv4spec.integrations import manifest, tables
-from dsv4spec.integrations.hooks import PATH_MISMATCH, switch_on
+from dsv4spec.integrations.hooks import PATH_MISMATCH, rows_for, switch_on
 from dsv4spec.kernels import DIRECT_LAUNCH_LAYOUTS, triton_version
 from dsv4spec.usage import TRITON_FOR_TORCH, UsageError, switch_setting, triton_hint
 
@@ -391,6 +391,9 @@ def _tables(gpu: dict, architecture: tuple[int, int] | None) -> dict[str, Any]:
         except (OSError, ValueError, UnicodeDecodeError) as e:
             out["files"].append({"path": str(path), "stack": None, "error": str(e)})
     out["serving"] = [str(p) for p in tables.chain_files(architecture, gpu["name"])]
+    # the files of rows measured against the engines' DeepGEMM path, read first where it is on
+    out["deepgemm_serving"] = [str(p) for p in tables.chain_files(architecture, gpu["name"],
+                                                                  deepgemm=True)]
     return out
 
 
@@ -564,6 +567,10 @@ def _gate_report(engine: str, gate: Any, architecture: tuple[int, int] | None,
         path, entry = tables.hook_entry(gate.table.engine, gate.table.hook, architecture,
                                         device_name)
         out["table_file"] = None if path is None else str(path)
+        if getattr(gate, "deepgemm_table", None) is not None:
+            path_on, _ = tables.hook_entry(gate.table.engine, gate.table.hook, architecture,
+                                           device_name, deepgemm=True)
+            out["deepgemm_table_file"] = None if path_on is None else str(path_on)
         if entry is not None:
             out.update(key=entry["key"], count=entry["count"],
                        between_keys=entry["between_keys"])
@@ -589,10 +596,14 @@ def served_ranges(gate: Any, architecture: tuple[int, int],
     """Per mode and key, the inclusive ranges of counts at which ``gate.prefers`` gives a call to
     dsv4spec on ``architecture``: every count from 1 past the largest its table holds (past
     ``gate.max_count`` without a table) asked of the decision function itself, at the table's
-    measured keys (key None without a table: every key)."""
+    measured keys (key None without a table: every key). In the case ``deep_gemm=True`` the
+    rows measured against the engine's DeepGEMM path are the table where they cover the GPU."""
     case = case or {}
-    if gate.table is not None:
-        modes = gate.table.get(architecture)
+    table = gate.table
+    if case.get("deep_gemm") and getattr(gate, "deepgemm_table", None) is not None:
+        table = rows_for(table, gate.deepgemm_table, architecture, True)
+    if table is not None:
+        modes = table.get(architecture)
         if modes is None:
             return {mode: {} for mode in tables.MODES}
         keys = sorted({key for mode in tables.MODES for key in modes[mode]})
@@ -881,6 +892,10 @@ def _tables_lines(files: dict, gpu: dict) -> list[str]:
         text += (f"; also {'; '.join(others)}" if serving
                  else f"; its files of another Triton serve only under that one: "
                       f"{'; '.join(others)}")
+    deepgemm = [_short_path(p) for p in files.get("deepgemm_serving", [])]
+    if deepgemm:
+        text += (f"; where the engine runs DeepGEMM, its mHC hooks read first "
+                 f"{', '.join(deepgemm)} (rows measured against DeepGEMM's path)")
     return _wrapped("tables", text)
 
 
@@ -957,6 +972,9 @@ def _hook_text(entry: dict, serving: str | None = None) -> str:
         parts = []
         for label, modes in entry["ranges"].items():
             text = _modes_text(modes, entry)
+            on_file = entry.get("deepgemm_table_file") if label == "DeepGEMM on" else None
+            if on_file and on_file not in (serving, entry["table_file"]):
+                text += f" [{Path(on_file).name}]"
             parts.append(f"{label}: {text}" if label else text)
         text = "; ".join(parts)
     file = entry["table_file"]

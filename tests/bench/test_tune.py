@@ -15,7 +15,8 @@ from dsv4spec.integrations.sglang import hc_head, metadata, mhc
 
 from ..kernels.attention_metadata_support import interpreter_loop_bounds
 
-PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER]
+PLUGIN_TABLES = [*mhc.TABLES.values(), *mhc.DEEPGEMM_TABLES.values(), *metadata.TABLES.values(),
+                 hc_head.TARGET_HC_HEAD_FASTER]
 DEVICE = "NVIDIA Test GPU"
 
 
@@ -613,6 +614,46 @@ def test_vllm_hooks_are_tuned_beside_vllms_kernels_into_the_same_file(fake_gpu, 
         tables.clear_cache()
         for table in VLLM_TABLES.values():
             table.reload()
+
+
+def test_rows_measured_against_deepgemm_go_to_their_own_file_and_decide_where_it_runs(
+        fake_gpu, monkeypatch):
+    """With DeepGEMM running, mhc_pre's rows (timed against DeepGEMM's GEMM) go to the
+    ``.deepgemm`` file and mhc_post's (no GEMM of DeepGEMM) to the plain one; the plugin reads
+    the former only where SGLang runs DeepGEMM, and the plain rows (here the packaged sm_90 ones)
+    where it does not."""
+    import types
+
+    from dsv4spec.bench import deepgemm
+
+    fake = types.ModuleType("deep_gemm")
+    fake.__version__ = "2.8.1"
+    monkeypatch.setattr(deepgemm, "resolve", lambda choice, engine="sglang": fake)
+    plain = fake_gpu
+    on = plain.with_name(tables.device_file_name(DEVICE, "3.6", deepgemm=True))
+    assert on.name == "NVIDIA_Test_GPU.deepgemm.triton3.6.json"
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_pre", "mhc_post", "--deepgemm",
+                     "on"]) == 0
+    on_rows = tables.validate(json.loads(on.read_text()))["sglang"]
+    assert set(on_rows) == {"mhc_pre"} and on_rows["mhc_pre"]["measured_against"] == "deepgemm"
+    assert set(tables.validate(json.loads(plain.read_text()))["sglang"]) == {"mhc_post"}
+    # a second run refuses to measure mhc_pre again into the .deepgemm file without --force
+    assert cli.main(["tune", "--quick", "--hooks", "mhc_pre", "--deepgemm", "on"]) == 2
+    tables.clear_cache()
+    monkeypatch.setattr(tables, "_device_name", lambda arch: DEVICE)
+    monkeypatch.setattr(tables, "_device_sm_count", lambda arch: 132)
+    for table in PLUGIN_TABLES:
+        table.reload()
+    # the stand-in won in a graph below 20 tokens only; quick grid: 1, 4, 16, 64, ...
+    assert mhc.prefers_dsv4spec("mhc_pre", 16, 7168, True, (9, 0), deep_gemm=True)
+    assert not mhc.prefers_dsv4spec("mhc_pre", 16, 7168, False, (9, 0), deep_gemm=True)
+    assert mhc.DEEPGEMM_TABLES["mhc_pre"].sources[(9, 0)] == on
+    # DeepGEMM off: the plain chain (the packaged sm_90 rows, measured against TileLang)
+    assert mhc.prefers_dsv4spec("mhc_pre", 4, 4096, True, (9, 0), deep_gemm=False)
+    assert mhc.SGLANG_MHC_PRE_FASTER.sources[(9, 0)] == tables.PACKAGED_DIR / "sm_90.json"
+    # a hook with no .deepgemm row reads its plain rows with DeepGEMM on too
+    assert mhc.prefers_dsv4spec("mhc_post", 16, 7168, True, (9, 0), deep_gemm=True)
+    assert mhc.SGLANG_MHC_POST_FASTER.sources[(9, 0)] == plain
 
 
 def test_a_hook_of_the_other_engine_is_refused_in_one_line(fake_gpu, capsys):

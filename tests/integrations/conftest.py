@@ -9,12 +9,14 @@ def h200_tables(monkeypatch):
     (on the CPU, no GPU named, the sm_90 file derived from it would)."""
     from dsv4spec.integrations import tables
     from dsv4spec.integrations.sglang import hc_head, metadata, mhc
+    from dsv4spec.integrations.vllm.tables import DEEPGEMM_TABLES as VLLM_DEEPGEMM_TABLES
     from dsv4spec.integrations.vllm.tables import TABLES as VLLM_TABLES
 
     def reload():
         tables.clear_cache()
         for table in [*mhc.TABLES.values(), *metadata.TABLES.values(),
-                      hc_head.TARGET_HC_HEAD_FASTER, *VLLM_TABLES.values()]:
+                      hc_head.TARGET_HC_HEAD_FASTER, *VLLM_TABLES.values(),
+                      *mhc.DEEPGEMM_TABLES.values(), *VLLM_DEEPGEMM_TABLES.values()]:
             table.reload()
 
     sm90 = (9, 0)

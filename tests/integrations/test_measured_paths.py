@@ -132,8 +132,12 @@ def test_rows_measured_against_deepgemm_serve_only_where_the_engine_runs_it(
     assert str(path) in told[0] and "timed against DeepGEMM's pre-norm GEMM" in told[0]
     write_user(H200, vllm_file("mhc_pre", "tilelang, DeepGEMM off", [[1, 4096]]))
     fresh(H200)
-    assert vllm_hooks.prefers_dsv4spec("mhc_pre", 16, 7168, True, SM90)
-    assert not vllm_hooks.prefers_dsv4spec("mhc_pre", 16, 7168, True, SM90, deep_gemm=True)
+    assert vllm_hooks.prefers_dsv4spec("mhc_pre", 64, 7168, True, SM90)
+    # with DeepGEMM on the user's TileLang rows do not decide: the packaged rows measured against
+    # DeepGEMM's path do (ours slower at 64 tokens there)
+    assert not vllm_hooks.prefers_dsv4spec("mhc_pre", 64, 7168, True, SM90, deep_gemm=True)
+    assert vllm_hooks.DEEPGEMM_TABLES["mhc_pre"].sources[SM90] == (
+        tables.PACKAGED_DIR / tables.device_file_name(H200, "3.6", deepgemm=True))
 
 
 @pytest.mark.parametrize("deep_gemm", [False, True])
@@ -152,7 +156,10 @@ def test_boundary_rows_split_at_the_fused_kernels_hand_over(fresh, deep_gemm):  
         assert served == (c < deep_from or deep_gemm), c
 
 
-def test_sglang_follows_the_same_rule_within_its_cap(fresh):  # noqa: F811 - the fixture
+def test_sglang_follows_the_same_rule_and_deepgemm_rows_reach_their_own_max_count(
+        fresh):  # noqa: F811 - the fixture
+    """SGLang's 32-token cap bounds the rows measured against its TileLang GEMM; rows measured
+    against DeepGEMM's path decide to their own max_count."""
     fresh(H200)
     data = packaged()
     entry = {**data["engines"]["sglang"]["mhc_pre"], "measured_against": "deepgemm",
@@ -162,10 +169,16 @@ def test_sglang_follows_the_same_rule_within_its_cap(fresh):  # noqa: F811 - the
     write_user(H200, data)
     fresh(H200)
     cap = sglang_hooks.MEASURED_MAX_TOKENS["mhc_pre"]
-    for c in (1, 8, cap, cap + 1, 512):
+    for c in (1, 8, cap, cap + 1, 512, 513):
         assert sglang_hooks.prefers_dsv4spec("mhc_pre", c, 7168, True, SM90,
-                                             deep_gemm=True) == (c <= cap)
+                                             deep_gemm=True) == (c <= 512)
         assert not sglang_hooks.prefers_dsv4spec("mhc_pre", c, 7168, True, SM90)
+    # the same ranges measured against SGLang's TileLang GEMM stop at the cap
+    write_user(H200, {**data, "engines": {"sglang": {"mhc_pre": {
+        **entry, "measured_against": "tilelang, DeepGEMM off"}}}})
+    fresh(H200)
+    for c in (1, 8, cap, cap + 1, 512):
+        assert sglang_hooks.prefers_dsv4spec("mhc_pre", c, 7168, True, SM90) == (c <= cap)
 
 
 def test_a_verdict_beside_deepgemm_is_not_carried_across_its_split_change():

@@ -11,6 +11,7 @@ import pytest
 from dsv4spec.integrations import plans, tables
 from dsv4spec.integrations.sglang import hc_head, metadata, mhc
 from dsv4spec.integrations.vllm import mhc as vllm_hooks
+from dsv4spec.integrations.vllm.tables import DEEPGEMM_TABLES as VLLM_DEEPGEMM_TABLES
 from dsv4spec.integrations.vllm.tables import TABLES as VLLM_TABLES
 from dsv4spec.ops import mhc as mhc_ops
 from dsv4spec.ops.hc_head import first_plan_difference as hc_head_first_difference
@@ -45,7 +46,8 @@ _PACKAGED_POINTS = _STACK_POINTS["3.6"]
 _MEASURED = {c for points in _STACK_POINTS.values() for e in points.values()
              for keyed in e["points"].values() for rows in keyed.values() for c, *_ in rows}
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER,
-                 hc_head.DSPARK_HC_HEAD_FASTER]
+                 hc_head.DSPARK_HC_HEAD_FASTER, *mhc.DEEPGEMM_TABLES.values(),
+                 *VLLM_DEEPGEMM_TABLES.values()]
 # The op each planned hook runs (the SGLang hooks here; the vLLM ones alike), read off the hooks'
 # modules, and its planner's switches and SM-count dependence straight from the ops
 OPS_OF = {"mhc_pre": "mhc_pre", "mhc_post": "mhc_post", "mhc_fused_post_pre": "mhc_post_pre",

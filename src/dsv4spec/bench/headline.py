@@ -18,12 +18,12 @@ latency), re-derived for the tables as they ship whenever this is run.
   measured there, the point whose win the table extends to it (the largest measured count
   below). The engine's step time is the 3.6 run's (the engines' TileLang kernels do not depend
   on Triton).
-- DeepGEMM on (what vLLM on Hopper and SGLang with DeepGEMM installed run): the calls whose
-  engine op then computes its pre-norm GEMM with DeepGEMM save nothing, since the tables compare
-  with the TileLang GEMM, as each plugin's decision function answers with ``deep_gemm``: vLLM's
-  per its ``DEEP_GEMM_FROM_TOKENS``, SGLang's ``mhc_pre`` at every count and its boundary above
-  32 tokens (past the tables' cap either way). The engine's own step time under DeepGEMM was not
-  measured: only the savings are given.
+- DeepGEMM on (what vLLM on Hopper and SGLang with DeepGEMM installed run): which calls ours
+  serves is each plugin's decision function's answer with ``deep_gemm`` (the rows measured
+  against the engine's DeepGEMM path, the ``.deepgemm`` files, where they exist for the stack);
+  what a call of such a row saves is that file's own graph point at its count (or the largest
+  measured below), against DeepGEMM's path; the other calls save as above. The engine's own step
+  time under DeepGEMM was not measured: only the savings are given.
 
 ``python -m dsv4spec.bench.headline`` writes ``benchmarks/results/headline/headline.{json,md}``
 and the tables between the ``headline`` markers of the README (its rows, :data:`ROWS`) and of
@@ -139,11 +139,16 @@ def decision(engine: str, deep_gemm: bool) -> Callable[[str, int, int], bool]:
     return serves
 
 
-def table_points(engine: str, stack: str) -> dict[tuple[str, int], list[list[float]]]:
+def table_points(engine: str, stack: str,
+                 deepgemm: bool = False) -> dict[tuple[str, int], list[list[float]]]:
     """(hook, H) -> the packaged H200 file's graph points ``[count, ours_us, engine_us]`` of
-    that stack."""
-    name = tables.device_file_name(DEVICE, None if stack == "3.6" else stack)
-    hooks = tables.read_file(tables.PACKAGED_DIR / name)[engine]
+    that stack (``deepgemm``: of its rows measured against DeepGEMM's path; none where no such
+    file is packaged)."""
+    name = tables.device_file_name(DEVICE, stack if deepgemm or stack != "3.6" else None,
+                                   deepgemm)
+    if deepgemm and not (tables.PACKAGED_DIR / name).is_file():
+        return {}
+    hooks = tables.read_file(tables.PACKAGED_DIR / name).get(engine, {})
     return {(hook, int(H)): sorted(points) for hook, entry in hooks.items()
             for H, points in entry.get("points", {}).get("graph", {}).items()}
 
@@ -171,6 +176,7 @@ def row(engine: str, model: str, drafter: str, k: int, bs: int, measured: dict) 
            "engine_step_us": round(engine_us, 1), "saved_us": {}}
     for stack in STACKS:
         points = table_points(engine, stack)
+        deepgemm_points = table_points(engine, stack, deepgemm=True)
         with tables.assuming(DEVICE, stack):
             for deep_gemm in (False, True):
                 serves = decision(engine, deep_gemm)
@@ -178,11 +184,14 @@ def row(engine: str, model: str, drafter: str, k: int, bs: int, measured: dict) 
                 for op, T, n in calls:
                     if not serves(op, T, H):
                         continue
-                    if stack == "3.6":
+                    hook = TABLE_HOOK.get(op, op)
+                    if deep_gemm and (hook, H) in deepgemm_points:  # against DeepGEMM's path
+                        saved += n * point_saving(deepgemm_points, hook, H, T)
+                    elif stack == "3.6":
                         ours, theirs = measured[(op, H, T)]
                         saved += n * (theirs - ours)
                     else:
-                        saved += n * point_saving(points, TABLE_HOOK.get(op, op), H, T)
+                        saved += n * point_saving(points, hook, H, T)
                 out["saved_us"][f"triton{stack}_deepgemm_{'on' if deep_gemm else 'off'}"] = (
                     round(saved, 1))
     lab = out["saved_us"]["triton3.6_deepgemm_off"]

@@ -24,7 +24,9 @@ was at least ``tables.ARCHITECTURE_MARGIN`` faster on the measured GPU (the pack
 ``sm_90*.json`` are ``dsv4spec tune --derive src/dsv4spec/integrations/tables/NVIDIA_H200*.json``).
 
 Writes ``<device>.triton<M.m>.json`` (the running Triton's stack: the plugins read a table only
-under the Triton it was measured with) into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or
+under the Triton it was measured with), and, where the engine's DeepGEMM ran, the rows of the ops
+that ran its GEMM to ``<device>.deepgemm.triton<M.m>.json`` (read where the engine runs DeepGEMM)
+into ``--out-dir`` (default ``$DSV4SPEC_TABLES_DIR`` or
 the user cache directory). Every point is saved as it is measured (``<file>.partial``): an
 interrupted run resumes there with its points kept. A file that already holds a hook being tuned
 is not replaced without ``--force`` (its other hooks are always kept). Needs a CUDA GPU and SGLang's
@@ -509,9 +511,13 @@ def architecture_file(data: dict, name: str, margin: float = tables.ARCHITECTURE
 
 def architecture_file_name(device_file: str, data: dict) -> str:
     """``NVIDIA_H200.json`` -> ``sm_90.json``, ``NVIDIA_H200.triton3.8.json`` ->
-    ``sm_90.triton3.8.json``: the stack named as the device file names it."""
+    ``sm_90.triton3.8.json``, ``NVIDIA_H200.deepgemm.triton3.8.json`` ->
+    ``sm_90.deepgemm.triton3.8.json``: the stack (and ``.deepgemm``) named as the device file
+    names it."""
     stack = tables.file_stack(data)
     suffix = f".triton{stack}.json" if device_file.endswith(f".triton{stack}.json") else ".json"
+    if device_file.endswith(f"{tables.DEEPGEMM_INFIX}{suffix}"):
+        suffix = tables.DEEPGEMM_INFIX + suffix  # rows measured against DeepGEMM's path
     return data["architecture"] + suffix
 
 
@@ -916,29 +922,33 @@ def main(args: argparse.Namespace) -> int:
     grids = grids_for(args.engine, engine_gemm is not None)
     lines, seconds = plan(hooks, args.quick, args.engine, engine_gemm is not None)
     out_dir = args.out_dir if args.out_dir is not None else tables.user_dir()
-    # one file per stack: the plugins read only tables measured under the Triton they run
+    # one file per stack: the plugins read only tables measured under the Triton they run;
+    # the rows measured against the engine's DeepGEMM GEMM go to the stack's .deepgemm file
     stack = tables.stack_of(env["triton"])
     path = out_dir / tables.device_file_name(env["device"], stack)
     partial = path.with_name(path.name + ".partial")
-    existing = None
-    if path.is_file():
+    targets: dict[Path, list[str]] = {}
+    for hook in hooks:
+        on = engine_gemm is not None and deepgemm.deepgemm_above(hook) is not None
+        targets.setdefault(out_dir / tables.device_file_name(env["device"], stack, on),
+                           []).append(hook)
+    existing: dict[Path, dict | None] = {}
+    for target, target_hooks in targets.items():
         try:
-            existing = json.loads(path.read_text())
-            tables.validate(existing)
-            if tables.file_stack(existing) != stack:
-                raise ValueError(f"measured under Triton {tables.file_stack(existing)}, this "
-                                 f"process runs {stack}")
+            existing[target] = _existing_file(target, stack)
         except (OSError, ValueError) as e:
             if not args.force:
-                print(f"dsv4spec tune: error: {path} is not a readable tables file ({e}); "
+                print(f"dsv4spec tune: error: {target} is not a readable tables file ({e}); "
                       "--force replaces it; nothing was written", file=sys.stderr)
                 return EXIT_USAGE
-            existing = None
-    held = sorted(set(hooks) & set((existing or {}).get("engines", {}).get(args.engine, {})))
-    if held and not args.force:
-        print(f"dsv4spec tune: error: {path} already holds {', '.join(held)}; --force measures "
-              "them again (its other hooks are kept); nothing was written", file=sys.stderr)
-        return EXIT_USAGE
+            existing[target] = None
+        held = sorted(set(target_hooks)
+                      & set((existing[target] or {}).get("engines", {}).get(args.engine, {})))
+        if held and not args.force:
+            print(f"dsv4spec tune: error: {target} already holds {', '.join(held)}; --force "
+                  "measures them again (its other hooks are kept); nothing was written",
+                  file=sys.stderr)
+            return EXIT_USAGE
     state = {"environment": env, "quick": args.quick, "points": {}}
     if partial.is_file():
         try:
@@ -954,7 +964,7 @@ def main(args: argparse.Namespace) -> int:
     slot = {h: h if args.engine == "sglang" else f"{args.engine}:{h}" for h in hooks}
     kept = sum(len(c) for h in hooks for c in state["points"].get(slot[h], {}).values())
     print(f"dsv4spec tune on {env['device']} (torch {env['torch']}, Triton {env['triton']}): "
-          f"{'quick' if args.quick else 'full'} grid, writing {path}")
+          f"{'quick' if args.quick else 'full'} grid, writing {', '.join(map(str, targets))}")
     print("\n".join(lines) + f"\nin all ~{seconds / 60:.1f} min (estimate on an H200)"
           + (f"; resuming with {kept} points already measured in {partial}" if kept else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1000,30 +1010,32 @@ def main(args: argparse.Namespace) -> int:
                     if g.max_count is None or c <= g.max_count))
                 todo = [c for c in todo if str(c) not in by_count]
                 total += len(todo)
-    data = existing or {"format": tables.FORMAT, "engines": {}}
-    data.update(format=tables.FORMAT, device=env["device"],
-                architecture=tables.architecture_name(torch.cuda.get_device_capability()))
     versions = ({"sglang": _sglang_version()} if args.engine == "sglang"
                 else {"vllm": measure.peer_version("vllm")})
-    # the last run's provenance; an earlier run's engine version is kept beside it
-    data["measured"] = {
-        **data.get("measured", {}), "date": datetime.date.today().isoformat(),
-        **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda", "sm_count", "deep_gemm")
-           if k in env},
-        **versions,
-        "command": f"dsv4spec tune --engine {args.engine} --hooks {' '.join(hooks)}"
-                   + (" --quick" * args.quick) + f" --deepgemm {args.deepgemm}",
-        "quick": args.quick}
-    engine = data["engines"].setdefault(args.engine, {})
-    for hook in hooks:
-        engine[hook] = entry_from_points(grids[hook], {
-            int(k): {int(c): r for c, r in by_count.items()}
-            for k, by_count in state["points"][slot[hook]].items()}, sms, stack,
-            engine_gemm is not None)
-        if args.engine == "vllm":  # the release whose kernels were measured
-            engine[hook]["engine_versions"] = [versions["vllm"]]
-    tables.validate(data)
-    _write_json(path, data)
+    rows = {}
+    for target, target_hooks in targets.items():
+        data = existing[target] or {"format": tables.FORMAT, "engines": {}}
+        data.update(format=tables.FORMAT, device=env["device"],
+                    architecture=tables.architecture_name(torch.cuda.get_device_capability()))
+        # the last run's provenance; an earlier run's engine version is kept beside it
+        data["measured"] = {
+            **data.get("measured", {}), "date": datetime.date.today().isoformat(),
+            **{k: env[k] for k in ("dsv4spec", "torch", "triton", "cuda", "sm_count",
+                                   "deep_gemm") if k in env},
+            **versions,
+            "command": f"dsv4spec tune --engine {args.engine} --hooks {' '.join(target_hooks)}"
+                       + (" --quick" * args.quick) + f" --deepgemm {args.deepgemm}",
+            "quick": args.quick}
+        engine = data["engines"].setdefault(args.engine, {})
+        for hook in target_hooks:
+            engine[hook] = rows[hook] = entry_from_points(grids[hook], {
+                int(k): {int(c): r for c, r in by_count.items()}
+                for k, by_count in state["points"][slot[hook]].items()}, sms, stack,
+                engine_gemm is not None)
+            if args.engine == "vllm":  # the release whose kernels were measured
+                engine[hook]["engine_versions"] = [versions["vllm"]]
+        tables.validate(data)
+        _write_json(target, data)
     for hook in hooks:  # the partial keeps only points of hooks this run did not write
         state["points"].pop(slot[hook], None)
     if state["points"]:
@@ -1031,7 +1043,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         partial.unlink(missing_ok=True)
     for hook in hooks:
-        entry = engine[hook]
+        entry = rows[hook]
         modes = grids[hook].modes
         served = {m: sum(hi - lo + 1 for spans in entry[m].values() for lo, hi in spans)
                   for m in modes}
@@ -1042,9 +1054,22 @@ def main(args: argparse.Namespace) -> int:
             "" if any(served.values()) else f" (nowhere: {peer_name}'s own runs)") + (
             "; no point in " + ", ".join(f"{m} {_describe(k)}" for m, k in gaps.items())
             + f" ({peer_name}'s until measured)" if gaps else ""))
-    print(f"wrote {path} in {time.perf_counter() - start:.0f} s; the plugins read it at the "
-          "next start")
+    print(f"wrote {', '.join(map(str, targets))} in {time.perf_counter() - start:.0f} s; the "
+          "plugins read it at the next start")
     return 0
+
+
+def _existing_file(path: Path, stack: str) -> dict | None:
+    """The tables file at ``path`` where one exists, validated and of ``stack``; raises
+    ``OSError`` or ``ValueError`` for one that is not."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    tables.validate(data)
+    if tables.file_stack(data) != stack:
+        raise ValueError(f"measured under Triton {tables.file_stack(data)}, this process runs "
+                         f"{stack}")
+    return data
 
 
 def _describe(keyed: dict) -> str:

@@ -147,6 +147,18 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
     return False
 
 
+def rows_for(table: FasterTable, deepgemm_table: FasterTable | None,
+             architecture: Architecture | None, deep_gemm: bool) -> FasterTable:
+    """The rows deciding an mHC hook where the engine runs DeepGEMM (``deep_gemm``): those
+    measured against its DeepGEMM path (``deepgemm_table``, the ``.deepgemm`` files) where any
+    exist for ``architecture``, else ``table``'s, which :func:`path_matches` then admits only at
+    the counts where the engine's path is theirs; ``table`` where the engine does not."""
+    if (deep_gemm and deepgemm_table is not None and architecture is not None
+            and deepgemm_table.get(architecture) is not None):
+        return deepgemm_table
+    return table
+
+
 # (logger name, engine path, rows' path, op) already told at WARNING
 _told_paths: set[tuple[str, str, str, str]] = set()
 # the attribute :func:`path_matches`'s WARNING records carry (``dsv4spec doctor`` reports both
@@ -197,10 +209,13 @@ class Gate:
     GPU (:func:`~dsv4spec.integrations.tables.stack_validated`). ``follows``: the hook whose
     launch it hands over; it acts where that one does. ``note``: what else decides at run time.
     ``key``, ``count``: what the key and the count are where no table names them.
+    ``deepgemm_table``: the rows measured against the engine's DeepGEMM path, which decide the
+    case ``deep_gemm=True`` where they cover the GPU (:func:`rows_for`).
     """
 
     ops: tuple[str, ...] = ()
     table: Any = None
+    deepgemm_table: Any = None
     prefers: Callable[..., bool] | None = None
     cases: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"": {}})
     max_count: int | None = None

@@ -16,6 +16,16 @@ packaged device files, the packaged architecture files. A malformed file in the 
 engine's own code for every hook on that GPU (one WARNING naming the file); no file at all, or
 files of other stacks only, the same (one WARNING naming ``dsv4spec tune``).
 
+Rows measured against the engines' DeepGEMM path (their ``mhc_pre`` and, above 32 tokens, the
+fused boundary run DeepGEMM's pre-norm GEMM where it is on) live in files of their own, named
+with ``.deepgemm`` before the stack (``NVIDIA_H200.deepgemm.triton3.8.json``,
+``sm_90.deepgemm.triton3.8.json``): where the engine runs DeepGEMM, an mHC hook reads that chain
+(the user directory's, the packaged device file, the architecture file) first
+(:func:`faster_table` with ``deepgemm``), and the rows measured without DeepGEMM where it does
+not; each row is used only at counts where the engine takes the path it was measured against
+(:func:`dsv4spec.integrations.hooks.path_matches`). ``dsv4spec tune`` writes rows measured
+against DeepGEMM's GEMM there and the others to the plain file.
+
 An eager row is host time per call, which ours won by its direct launch of the compiled kernels
 (:mod:`dsv4spec.kernels.launch`), bound only under the exact Triton releases it was validated
 with: rows measured with it decide only where this process's Triton has it too
@@ -155,11 +165,17 @@ def running_stack() -> str:
     return stack_of(version)
 
 
-def device_file_name(device_name: str, stack: str | None = None) -> str:
+# Infix of the files holding rows measured against the engines' DeepGEMM path.
+DEEPGEMM_INFIX = ".deepgemm"
+
+
+def device_file_name(device_name: str, stack: str | None = None, deepgemm: bool = False) -> str:
     """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"`` (the engines' convention for tuned configs);
-    with a stack, ``"NVIDIA_H200.triton3.8.json"``."""
+    with a stack, ``"NVIDIA_H200.triton3.8.json"``; with ``deepgemm`` (rows measured against
+    the engines' DeepGEMM path), ``"NVIDIA_H200.deepgemm.triton3.8.json"``."""
     stem = "_".join(device_name.split()).replace("/", "_")
-    return stem + (f".triton{stack}" if stack else "") + ".json"
+    return (stem + (DEEPGEMM_INFIX if deepgemm else "") + (f".triton{stack}" if stack else "")
+            + ".json")
 
 
 def architecture_name(architecture: Architecture) -> str:
@@ -167,17 +183,28 @@ def architecture_name(architecture: Architecture) -> str:
 
 
 def candidates(device_name: str | None, architecture: Architecture,
-               stack: str | None = None) -> list[Path]:
+               stack: str | None = None, deepgemm: bool = False) -> list[Path]:
     """The files consulted for a GPU, in order: the user device files, the packaged device
     files, the packaged architecture files; at each place the file named with ``stack`` (default
-    the running one) first, then the one named without a stack."""
+    the running one) first, then the one named without a stack. With ``deepgemm``, the files of
+    rows measured against the engines' DeepGEMM path (always named with their stack), the user
+    directory's plain device files after its own (an earlier ``tune`` wrote such rows there;
+    :func:`hook_entry` takes only those rows of them)."""
     stack = stack or running_stack()
+    arch = architecture_name(architecture)
+    if deepgemm:
+        found = []
+        if device_name:
+            found = [user_dir() / device_file_name(device_name, stack, deepgemm=True),
+                     user_dir() / device_file_name(device_name, stack),
+                     user_dir() / device_file_name(device_name),
+                     PACKAGED_DIR / device_file_name(device_name, stack, deepgemm=True)]
+        return found + [PACKAGED_DIR / f"{arch}{DEEPGEMM_INFIX}.triton{stack}.json"]
     found = []
     if device_name:
         for where in (user_dir(), PACKAGED_DIR):
             found += [where / device_file_name(device_name, stack),
                       where / device_file_name(device_name)]
-    arch = architecture_name(architecture)
     return found + [PACKAGED_DIR / f"{arch}.triton{stack}.json", PACKAGED_DIR / f"{arch}.json"]
 
 
@@ -480,23 +507,27 @@ def clear_cache() -> None:
 
 
 def _chain(device_name: str | None, architecture: Architecture,
-           stack: str | None = None) -> list[Source]:
+           stack: str | None = None, deepgemm: bool = False) -> list[Source]:
     """The readable files of the running stack for this GPU, in order; empty (after one WARNING)
-    where a file of the chain is malformed, or none of this stack exists."""
+    where a file of the chain is malformed, or none of this stack exists. With ``deepgemm``, the
+    chain of rows measured against the engines' DeepGEMM path (empty without a word where none
+    exists: the plain chain decides then)."""
     stack = stack or _stack()
-    cache_key = (device_name, tuple(architecture), stack)
+    cache_key = (device_name, tuple(architecture), stack, deepgemm)
     if cache_key in _chains:
         return _chains[cache_key] or []
     chain, others = [], {}
-    for path in candidates(device_name, architecture, stack):
+    for path in candidates(device_name, architecture, stack, deepgemm):
         if not path.is_file() or any(path == source.path for source in chain):
             continue
         try:
             source = read_source(path)
         except (OSError, ValueError, UnicodeDecodeError) as e:
             logger.warning("dsv4spec: the measured-faster tables in %s are not readable (%s); "
-                           "the engine's own code runs for every table-gated hook on %s", path,
-                           e, device_name or architecture_name(architecture))
+                           "%s on %s", path, e,
+                           "none of the rows measured against DeepGEMM's path is used"
+                           if deepgemm else "the engine's own code runs for every table-gated "
+                           "hook", device_name or architecture_name(architecture))
             chain = []
             break
         if source.stack == stack:
@@ -504,7 +535,7 @@ def _chain(device_name: str | None, architecture: Architecture,
         else:
             others[path] = source.stack
     else:
-        if not chain and device_name is not None:  # a visible GPU, not a test's architecture
+        if not chain and device_name is not None and not deepgemm:  # a visible GPU
             measured = "; ".join(f"{p} under Triton {s}" for p, s in others.items())
             logger.warning(
                 "dsv4spec: no measured-faster tables for %s (%s) under Triton %s (this process's "
@@ -553,15 +584,16 @@ def _forget_read() -> None:
             table.reload()
 
 
-def chain_files(architecture: Architecture | None,
-                device_name: str | None = None) -> list[Path]:
+def chain_files(architecture: Architecture | None, device_name: str | None = None,
+                deepgemm: bool = False) -> list[Path]:
     """The files of the running stack that serve this GPU, in the order they are consulted
     (empty where none does, or one of the chain is malformed): the tables
-    :func:`stack_validated` and :func:`hook_entry` read."""
+    :func:`stack_validated` and :func:`hook_entry` read (``deepgemm``: those of rows measured
+    against the engines' DeepGEMM path)."""
     if architecture is None:
         return []
     name = device_name if device_name is not None else _device_name(architecture)
-    return [source.path for source in _chain(name, architecture)]
+    return [source.path for source in _chain(name, architecture, deepgemm=deepgemm)]
 
 
 def stack_validated(architecture: Architecture | None, device_name: str | None = None) -> bool:
@@ -575,17 +607,19 @@ def stack_validated(architecture: Architecture | None, device_name: str | None =
 
 
 def hook_entry(engine: str, hook: str, architecture: Architecture,
-               device_name: str | None = None,
-               sm_count: int | None = None) -> tuple[Path | None, dict | None]:
+               device_name: str | None = None, sm_count: int | None = None,
+               deepgemm: bool = False) -> tuple[Path | None, dict | None]:
     """The file and validated entry deciding ``engine``'s ``hook`` on a GPU of ``architecture``
     (named ``device_name``, of ``sm_count`` SMs; default: the visible CUDA device of that
     architecture) under the running Triton's stack; its ranges stop below the first count whose
-    plan differs on this GPU where its SM count is not the measured one's."""
+    plan differs on this GPU where its SM count is not the measured one's. ``deepgemm``: from
+    the files of rows measured against the engines' DeepGEMM path."""
     name = device_name if device_name is not None else _device_name(architecture)
     sms = sm_count if sm_count is not None else _device_sm_count(architecture)
-    for source in _chain(name, architecture):
+    for source in _chain(name, architecture, deepgemm=deepgemm):
         entry = source.engines.get(engine, {}).get(hook)
-        if entry is None:
+        if entry is None or (deepgemm and DEEPGEMM_INFIX not in source.path.name
+                             and entry.get("deepgemm_above") is None):
             continue
         differs = sms is not None and source.sm_count is not None and sms != source.sm_count
         if source.derived is not None and name is not None and name not in _told_derived:
@@ -662,11 +696,12 @@ def _same_plan_only(engine: str, hook: str, entry: dict, measured_sms: int, sms:
 class FileTable(dict):
     """A ``FasterTable`` (architecture -> mode -> key -> ranges) read from the files on first
     use of each architecture: what the plugins' ``*_FASTER`` constants are. Entries set by hand
-    (tests) win; ``sources`` says which file decided each architecture."""
+    (tests) win; ``sources`` says which file decided each architecture. ``deepgemm``: the rows
+    measured against the engines' DeepGEMM path (the ``.deepgemm`` files)."""
 
-    def __init__(self, engine: str, hook: str) -> None:
+    def __init__(self, engine: str, hook: str, deepgemm: bool = False) -> None:
         super().__init__()
-        self.engine, self.hook = engine, hook
+        self.engine, self.hook, self.deepgemm = engine, hook, deepgemm
         self.sources: dict[Architecture, Path | None] = {}
         # per architecture read: the count above which its rows were measured against the
         # engine's DeepGEMM GEMM (deepgemm_above; None: against its own kernels alone)
@@ -675,7 +710,7 @@ class FileTable(dict):
     def _load(self, architecture: Any) -> dict[str, KeyedSpans] | None:
         if not (isinstance(architecture, tuple) and len(architecture) == 2):
             return None
-        path, entry = hook_entry(self.engine, self.hook, architecture)
+        path, entry = hook_entry(self.engine, self.hook, architecture, deepgemm=self.deepgemm)
         self.sources[architecture] = path
         if entry is None:
             return None
@@ -712,8 +747,9 @@ class FileTable(dict):
         self.deepgemm_above.clear()
 
 
-def faster_table(engine: str, hook: str) -> FileTable:
-    """``engine``'s measured-faster table for ``hook``, read from the files on first use."""
-    table = FileTable(engine, hook)
+def faster_table(engine: str, hook: str, deepgemm: bool = False) -> FileTable:
+    """``engine``'s measured-faster table for ``hook``, read from the files on first use;
+    ``deepgemm``: from the files of rows measured against the engines' DeepGEMM path."""
+    table = FileTable(engine, hook, deepgemm)
     _file_tables.append(weakref.ref(table))
     return table

@@ -57,6 +57,7 @@ from dsv4spec.integrations.hooks import (
     gpu_architecture,
     measured_faster,
     path_matches,
+    rows_for,
     run_where_measured_faster,
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
@@ -86,9 +87,13 @@ TABLES: dict[str, FasterTable] = {
     "mhc_post": SGLANG_MHC_POST_FASTER,
     "mhc_fused_post_pre": SGLANG_MHC_FUSED_POST_PRE_FASTER,
 }
-# Token counts beyond which a table is not consulted (the call steps aside whatever it says):
-# the benchmark measured mhc_pre and the boundary against SGLang's TileLang kernels up to 32
-# tokens. mhc_post's table alone bounds it.
+# The rows measured against SGLang's DeepGEMM path (the ``.deepgemm`` files), which decide where
+# SGLang runs DeepGEMM (hooks.rows_for), to their own max_count.
+DEEPGEMM_TABLES: dict[str, FasterTable] = {
+    op: faster_table("sglang", op, deepgemm=True) for op in ("mhc_pre", "mhc_fused_post_pre")}
+# Token counts beyond which the rows measured without DeepGEMM are not consulted (the call steps
+# aside whatever they say): the benchmark measured mhc_pre and the boundary against SGLang's
+# TileLang kernels up to 32 tokens. mhc_post's table alone bounds it.
 MEASURED_MAX_TOKENS: dict[str, int | None] = {
     "mhc_pre": 32,
     "mhc_post": None,
@@ -142,19 +147,24 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     Returns
     -------
     bool
-        True iff ``num_tokens`` is at most :data:`MEASURED_MAX_TOKENS` for ``op``, the table's
-        rows were measured against the path SGLang's op takes there (DeepGEMM's GEMM from
-        :data:`DEEP_GEMM_FROM_TOKENS` where ``deep_gemm``, else its own kernels:
-        :func:`~dsv4spec.integrations.hooks.path_matches`), and it lies in one of the measured
-        winning ranges of ``op``'s table for that architecture, mode and width.
+        True iff the rows deciding (where ``deep_gemm``, those of :data:`DEEPGEMM_TABLES` if
+        they cover the GPU, :func:`~dsv4spec.integrations.hooks.rows_for`; else ``op``'s table,
+        up to :data:`MEASURED_MAX_TOKENS`) were measured against the path SGLang's op takes
+        there (DeepGEMM's GEMM from :data:`DEEP_GEMM_FROM_TOKENS` where ``deep_gemm``, else its
+        own kernels: :func:`~dsv4spec.integrations.hooks.path_matches`) and ``num_tokens`` lies
+        in one of their measured winning ranges for that architecture, mode and width.
     """
     cap, deep_from = MEASURED_MAX_TOKENS[op], DEEP_GEMM_FROM_TOKENS[op]
-    if architecture is None or (cap is not None and num_tokens > cap):
+    if architecture is None:
+        return False
+    table = rows_for(TABLES[op], DEEPGEMM_TABLES.get(op), architecture,
+                     deep_gemm and deep_from is not None)
+    if table is TABLES[op] and cap is not None and num_tokens > cap:
         return False
     engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from
-    if not path_matches(TABLES[op], architecture, op, num_tokens, engine_deep_gemm, logger):
+    if not path_matches(table, architecture, op, num_tokens, engine_deep_gemm, logger):
         return False
-    return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
+    return measured_faster(table, architecture, hidden_size, num_tokens, in_graph)
 
 
 def sglang_deep_gemm() -> bool:
@@ -368,7 +378,7 @@ def make_mhc_fused_post_pre_hook(module: Any = None) -> GuardedHook:
 # SGLang's DeepGEMM pre-norm off and on (only SGLang knows which).
 _DETERMINISTIC = "SGLang's deterministic inference or batch-invariant mode"
 GATES: dict[str, Gate] = {
-    f"mHC {op}": Gate(ops=(ours,), table=TABLES[op],
+    f"mHC {op}": Gate(ops=(ours,), table=TABLES[op], deepgemm_table=DEEPGEMM_TABLES.get(op),
                       prefers=functools.partial(prefers_dsv4spec, op),
                       cases=deep_gemm_cases(DEEP_GEMM_FROM_TOKENS[op]),
                       note=f"not under {_DETERMINISTIC}" + (

@@ -35,11 +35,12 @@ from dsv4spec.integrations.hooks import (
     gpu_architecture,
     measured_faster,
     path_matches,
+    rows_for,
     run_where_measured_faster,
 )
 from dsv4spec.integrations.mhc import HC, post_shapes_ok, pre_kwargs, streams_ok
 from dsv4spec.integrations.mhc_precompile import Signature, precompile_mhc
-from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS, TABLES
+from dsv4spec.integrations.vllm.tables import DEEP_GEMM_FROM_TOKENS, DEEPGEMM_TABLES, TABLES
 from dsv4spec.kernels import on_rocm, triton_runs_on
 from dsv4spec.ops import mhc_post, mhc_post_pre, mhc_pre
 
@@ -81,9 +82,11 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     if architecture is None:
         return False
     engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from
-    if not path_matches(TABLES[op], architecture, op, num_tokens, engine_deep_gemm, logger):
+    table = rows_for(TABLES[op], DEEPGEMM_TABLES.get(op), architecture,
+                     deep_gemm and deep_from is not None)
+    if not path_matches(table, architecture, op, num_tokens, engine_deep_gemm, logger):
         return False
-    return measured_faster(TABLES[op], architecture, hidden_size, num_tokens, in_graph)
+    return measured_faster(table, architecture, hidden_size, num_tokens, in_graph)
 
 
 def vllm_batch_invariant() -> bool:
@@ -121,14 +124,18 @@ def visible_architectures() -> list[tuple[int, int] | None] | None:
 
 def table_spans(op: str, architecture: tuple[int, int] | None, hidden_size: int | None = None,
                 ) -> list[tuple[int, int]]:
-    """The token ranges ``op``'s table gives to dsv4spec on that architecture, in a graph or
-    eagerly, at ``hidden_size`` (every width where None)."""
-    modes = TABLES[op].get(architecture) if architecture is not None else None
-    if modes is None:
+    """The token ranges ``op``'s tables (its rows measured with and without vLLM's DeepGEMM)
+    give to dsv4spec on that architecture, in a graph or eagerly, at ``hidden_size`` (every
+    width where None)."""
+    if architecture is None:
         return []
-    if hidden_size is None:
-        return [span for keyed in modes.values() for spans in keyed.values() for span in spans]
-    return [span for keyed in modes.values() for span in keyed.get(hidden_size, ())]
+    spans = []
+    for table in (TABLES[op], DEEPGEMM_TABLES.get(op)):
+        modes = None if table is None else table.get(architecture)
+        for keyed in (modes or {}).values():
+            spans += [span for key, key_spans in keyed.items()
+                      if hidden_size is None or key == hidden_size for span in key_spans]
+    return spans
 
 
 def process_served(op: str) -> tuple[bool, str | None]:
@@ -345,7 +352,8 @@ fast_mhc_fused_post_pre_reuse_residual.__doc__ = (
 
 
 def _gate(op: str, ours: str) -> Gate:
-    return Gate(ops=(ours,), table=TABLES[op], prefers=functools.partial(prefers_dsv4spec, op),
+    return Gate(ops=(ours,), table=TABLES[op], deepgemm_table=DEEPGEMM_TABLES.get(op),
+                prefers=functools.partial(prefers_dsv4spec, op),
                 cases=deep_gemm_cases(DEEP_GEMM_FROM_TOKENS[op]),
                 note="not under VLLM_BATCH_INVARIANT or torch.compile")
 

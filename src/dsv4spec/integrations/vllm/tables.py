@@ -37,6 +37,10 @@ from dsv4spec.integrations.tables import FileTable, faster_table
 
 OPS = ("hc_head", "mhc_pre", "mhc_post", "mhc_fused_post_pre")
 TABLES: dict[str, FileTable] = {op: faster_table("vllm", op) for op in OPS}
+# The rows measured against vLLM's DeepGEMM path (the ``.deepgemm`` files), which decide where
+# vLLM runs DeepGEMM (hooks.rows_for).
+DEEPGEMM_TABLES: dict[str, FileTable] = {op: faster_table("vllm", op, deepgemm=True)
+                                         for op in ("mhc_pre", "mhc_fused_post_pre")}
 # The token count from which vLLM's op computes its pre-norm GEMM with DeepGEMM where DeepGEMM is
 # supported (``is_deep_gemm_supported()``: Hopper or Blackwell, VLLM_USE_DEEP_GEMM, DeepGEMM
 # importable) instead of TileLang: mhc_pre at every count, the fused boundary above its one-launch
