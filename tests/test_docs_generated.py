@@ -67,8 +67,8 @@ def test_a_stale_claim_or_sample_is_caught():
     assert m and regen_docs.claim_text(m) != wrong
     wrapped = "vLLM's `mhc_pre` serves\nT 1–3 at H 7168 (graph, Triton 3.8,\nDeepGEMM on)"
     m = regen_docs.CLAIM.search(wrapped)
-    assert m and regen_docs.claim_text(m) == (
-        "vLLM's `mhc_pre` serves no T at H 7168 (graph, Triton 3.8, DeepGEMM on)")
+    assert m and regen_docs.claim_text(m) == (  # the rows measured against DeepGEMM's path
+        "vLLM's `mhc_pre` serves T 1–9, 16 at H 7168 (graph, Triton 3.8, DeepGEMM on)")
     with pytest.raises(ValueError, match="cases"):
         regen_docs.served("vLLM", "mhc_pre", 7168, "graph", "3.8", None)
     block = "<!-- dsv4spec doctor -->\n```\n$ dsv4spec doctor\nresult    validated (exit 0)\n```"

@@ -121,10 +121,17 @@ def test_what_if_an_h200_lists_the_ranges_the_decision_functions_give(stack, fil
     served_by = tables.PACKAGED_DIR / file
     assert report["tables"]["serving"][0] == str(served_by)
     engines = tables.read_file(served_by)
+    # with DeepGEMM on, the mHC hooks' rows measured against its path decide
+    on_file = tables.PACKAGED_DIR / tables.device_file_name("NVIDIA H200", stack, deepgemm=True)
+    assert report["tables"]["deepgemm_serving"][0] == str(on_file)
+    on_engines = tables.read_file(on_file)
     with tables.assuming("NVIDIA H200", stack):
         for (engine, hook, label), decide in direct_decisions().items():
             entry = report["engines"][engine]["hooks"][hook]
             table = engines[engine][entry["table"]]
+            if label == "DeepGEMM on" and entry["table"] in on_engines.get(engine, {}):
+                table = on_engines[engine][entry["table"]]
+                assert entry["deepgemm_table_file"] == str(on_file), hook
             keys = sorted({k for mode in tables.MODES for k in table[mode]})
             top = max(hi for mode in tables.MODES for spans in table[mode].values()
                       for _, hi in spans)

@@ -148,15 +148,19 @@ def measured_faster(table: FasterTable, architecture: Architecture | None, hidde
 
 
 def rows_for(table: FasterTable, deepgemm_table: FasterTable | None,
-             architecture: Architecture | None, deep_gemm: bool) -> FasterTable:
+             architecture: Architecture | None, deep_gemm: bool,
+             key: int | None = None) -> FasterTable:
     """The rows deciding an mHC hook where the engine runs DeepGEMM (``deep_gemm``): those
     measured against its DeepGEMM path (``deepgemm_table``, the ``.deepgemm`` files) where any
-    exist for ``architecture``, else ``table``'s, which :func:`path_matches` then admits only at
-    the counts where the engine's path is theirs; ``table`` where the engine does not."""
-    if (deep_gemm and deepgemm_table is not None and architecture is not None
-            and deepgemm_table.get(architecture) is not None):
-        return deepgemm_table
-    return table
+    exist for ``architecture`` (and, given, the width ``key``), else ``table``'s, which
+    :func:`path_matches` then admits only at the counts where the engine's path is theirs;
+    ``table`` where the engine does not."""
+    if not deep_gemm or deepgemm_table is None or architecture is None:
+        return table
+    modes = deepgemm_table.get(architecture)
+    if modes is None or (key is not None and not any(key in keyed for keyed in modes.values())):
+        return table
+    return deepgemm_table
 
 
 # (logger name, engine path, rows' path, op) already told at WARNING

@@ -158,7 +158,7 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     if architecture is None:
         return False
     table = rows_for(TABLES[op], DEEPGEMM_TABLES.get(op), architecture,
-                     deep_gemm and deep_from is not None)
+                     deep_gemm and deep_from is not None, hidden_size)
     if table is TABLES[op] and cap is not None and num_tokens > cap:
         return False
     engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from

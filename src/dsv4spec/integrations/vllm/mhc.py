@@ -83,7 +83,7 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
         return False
     engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from
     table = rows_for(TABLES[op], DEEPGEMM_TABLES.get(op), architecture,
-                     deep_gemm and deep_from is not None)
+                     deep_gemm and deep_from is not None, hidden_size)
     if not path_matches(table, architecture, op, num_tokens, engine_deep_gemm, logger):
         return False
     return measured_faster(table, architecture, hidden_size, num_tokens, in_graph)
