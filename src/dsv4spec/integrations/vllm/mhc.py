@@ -73,7 +73,9 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     -------
     bool
         True iff ``num_tokens`` lies in one of ``op``'s measured winning ranges for that
-        architecture, mode and width, measured against the path vLLM's op takes there
+        architecture, mode and width (where ``deep_gemm``, those of :data:`DEEPGEMM_TABLES` if
+        they cover the GPU and width: :func:`~dsv4spec.integrations.hooks.rows_for`; else
+        :data:`TABLES`'), measured against the path vLLM's op takes there
         (DeepGEMM's GEMM from :data:`~dsv4spec.integrations.vllm.tables.DEEP_GEMM_FROM_TOKENS`
         where ``deep_gemm``, else its own kernels:
         :func:`~dsv4spec.integrations.hooks.path_matches`).
