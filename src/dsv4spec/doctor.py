@@ -52,7 +52,13 @@ from dsv4spec import __version__
 from dsv4spec.integrations import manifest, tables
 from dsv4spec.integrations.hooks import PATH_MISMATCH, rows_for, switch_on
 from dsv4spec.kernels import DIRECT_LAUNCH_LAYOUTS, triton_version
-from dsv4spec.usage import TRITON_FOR_TORCH, UsageError, switch_setting, triton_hint
+from dsv4spec.usage import (
+    TRITON_FOR_TORCH,
+    UsageError,
+    switch_setting,
+    triton_for_installed_torch,
+    triton_hint,
+)
 
 # engine -> (its name for people, its plugin module)
 ENGINES = {"sglang": ("SGLang", "dsv4spec.integrations.sglang.plugin"),
@@ -221,8 +227,7 @@ def build_report(device_name: str | None = None, capability: tuple[int, int] | N
 def stack_without_triton() -> str:
     """Where no Triton is installed, the stack of the release ``triton_hint`` names: the one
     dsv4spec pairs with the installed torch, else the newest it pairs with any."""
-    minor = re.match(r"(\d+\.\d+)", torch.__version__)
-    release = TRITON_FOR_TORCH.get(minor.group(1) if minor else "")
+    _, _, release = triton_for_installed_torch()
     return tables.stack_of(release or max(TRITON_FOR_TORCH.values(), key=_version_key))
 
 
@@ -567,7 +572,7 @@ def _gate_report(engine: str, gate: Any, architecture: tuple[int, int] | None,
         path, entry = tables.hook_entry(gate.table.engine, gate.table.hook, architecture,
                                         device_name)
         out["table_file"] = None if path is None else str(path)
-        if getattr(gate, "deepgemm_table", None) is not None:
+        if gate.deepgemm_table is not None:
             path_on, _ = tables.hook_entry(gate.table.engine, gate.table.hook, architecture,
                                            device_name, deepgemm=True)
             out["deepgemm_table_file"] = None if path_on is None else str(path_on)
@@ -600,7 +605,7 @@ def served_ranges(gate: Any, architecture: tuple[int, int],
     rows measured against the engine's DeepGEMM path are the table where they cover the GPU."""
     case = case or {}
     table = gate.table
-    if case.get("deep_gemm") and getattr(gate, "deepgemm_table", None) is not None:
+    if case.get("deep_gemm") and gate.deepgemm_table is not None:
         table = rows_for(table, gate.deepgemm_table, architecture, True)
     if table is not None:
         modes = table.get(architecture)

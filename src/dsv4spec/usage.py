@@ -187,19 +187,25 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 TRITON_FOR_TORCH = {"2.11": "3.6.0", "2.12": "3.6.0", "2.13": "3.6.0", "2.14": "3.8.0"}
 
 
-def triton_hint() -> str:
-    """What to install where Triton is missing, for the installed torch (read from its
-    distribution's metadata, without importing it): ``python -m pip install triton==3.6.0``
-    and why that release."""
+def triton_for_installed_torch() -> tuple[str, str | None, str | None]:
+    """The installed torch's version (read from its distribution's metadata, without importing
+    it), its major.minor, and the Triton release dsv4spec pairs with it (None: none)."""
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:  # a torch built from source
         torch_version = sys.modules["torch"].__version__ if "torch" in sys.modules else "?"
     minor = re.match(r"(\d+\.\d+)", torch_version)
-    release = TRITON_FOR_TORCH.get(minor.group(1) if minor else "")
+    minor = minor.group(1) if minor else None
+    return torch_version, minor, TRITON_FOR_TORCH.get(minor or "")
+
+
+def triton_hint() -> str:
+    """What to install where Triton is missing, for the installed torch:
+    ``python -m pip install triton==3.6.0`` and why that release."""
+    torch_version, minor, release = triton_for_installed_torch()
     if release is not None:
         return (f"python -m pip install triton=={release} (the release dsv4spec's tables and "
-                f"direct launch cover with torch {minor.group(1)})")
+                f"direct launch cover with torch {minor})")
     return (f"python -m pip install triton (dsv4spec has tables for Triton "
             f"{' and '.join(sorted({r.rsplit('.', 1)[0] for r in TRITON_FOR_TORCH.values()}))} "
             f"only, which pair with torch {min(TRITON_FOR_TORCH)}-{max(TRITON_FOR_TORCH)}, not "

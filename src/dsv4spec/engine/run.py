@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -159,14 +160,23 @@ def prefill_bytes(cfg: ModelConfig, dtype: torch.dtype, num_prompts: int, chunk:
     return scores + masks + B * n * per_token * cs
 
 
+@functools.lru_cache(maxsize=4)
+def meta_model(cfg: ModelConfig) -> Transformer:
+    """The model of ``cfg`` on the meta device (shapes, no storage), built once per config: the
+    memory estimate (per prefill chunk tried), the checkpoint's header check and the build's
+    progress all read it, and building it takes seconds for a DSV4-Pro-shaped preset."""
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
 def memory_need(cfg: ModelConfig, dtype: torch.dtype, num_slots: int, max_seq_len: int,
                 num_draft_tokens: int, prefill_chunk: int) -> dict[str, int]:
     """An estimate of the memory a run takes, in parts: the parameters as built (float32, then
     cast), the engine's request state (measured on the meta device), a prefill forward at
     ``prefill_chunk`` (:func:`prefill_bytes`); ``total`` is their sum times ``HEADROOM``, plus
     ``BASE_BYTES``."""
+    model = meta_model(cfg)
     with torch.device("meta"):
-        model = Transformer(cfg)
         state = model.new_state(num_slots, max_seq_len, max(num_draft_tokens, 2), "meta")
     numel = sum(p.numel() for p in model.parameters())
     params = 4 * numel + (0 if dtype == torch.float32 else numel * dtype.itemsize)
@@ -314,10 +324,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"no checkpoint for {args.preset}: random weights (drafts are rarely accepted)",
               file=sys.stderr)
     if checkpoint is not None:
-        with torch.device("meta"):
-            shapes = Transformer(cfg)
         try:
-            check_weights(shapes, checkpoint)  # the header only, before building the model
+            check_weights(meta_model(cfg), checkpoint)  # the header only, before building the model
         except CheckpointError as e:
             raise UsageError("--checkpoint", str(e)) from e
     terminal = _stderr_is_terminal()
@@ -498,8 +506,7 @@ def _build_progress(cfg: ModelConfig, desc: str, bar: bool):
     a checkpoint's weights: counted as they are copied in). A terminal's bar appears once it
     has taken ``BAR_DELAY_S`` (a small preset's build shows nothing); lines where ``bar`` is
     false, only while the build is projected past ``LONG_RUN_S``."""
-    with torch.device("meta"):
-        numel = sum(p.numel() for p in Transformer(cfg).parameters())
+    numel = sum(p.numel() for p in meta_model(cfg).parameters())
     progress = _progress_bar(2 * numel, desc, bar=bar, unit=None, over=LONG_RUN_S,
                              delay=BAR_DELAY_S,
                              bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
