@@ -8,6 +8,9 @@
 #   bench        dsv4spec bench mhc --deepgemm on, pre and post_pre at decode and verify sizes
 #   tune-sglang  dsv4spec tune --engine sglang --deepgemm on for mhc_pre and mhc_fused_post_pre
 #   tune-vllm    dsv4spec tune --engine vllm --deepgemm on for mhc_pre and mhc_fused_post_pre
+#   ncu          scripts/mhc_ncu.py: Nsight Compute on each launch of ours (the plan and the
+#                tensor-core tilings) and of vLLM's DeepGEMM path, 64, 256 and 16 tokens, H 7168
+#                (OUT_DIR/ncu_run: mhc_ncu.json/.md and a report per case)
 # Each tune writes OUT_DIR/tables/<device>.triton<M.m>.json (the two engines in one file) and
 # resumes from its .partial there. Bundles, unpacked into /tmp once: .device/deepgemm_vllm.tar.xz
 # and .device/deepgemm_sgl.tar.xz (scripts/deepgemm-bundle.sh; SGLang's peer runs sgl-deep-gemm
@@ -79,6 +82,14 @@ for s in $STEPS; do
       PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
         --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
         | tee "$OUT/tune_$engine.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ncu)
+      [ -n "$VLLM_DG" ] || echo "ncu: no vLLM DeepGEMM set up: ours alone"
+      step "scripts/mhc_ncu.py (Nsight Compute)"
+      left=$(( ${CALL_SECONDS:-570} - SECONDS - 30 )); [ $left -gt 60 ] || left=60
+      providers="ours"; [ -n "$VLLM_DG" ] && providers="ours vllm"
+      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_ncu.py "$OUT/ncu_run" --seconds $left \
+        --providers $providers 2>&1 | tee "$OUT/mhc_ncu.log" | tail -12
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     *) echo "unknown step $s"; status=1 ;;
   esac

@@ -75,3 +75,73 @@ def test_deepgemm_bundle_check_fails_where_a_bundle_cannot_be_built(missing, tmp
               else f"sgl: cannot be built: pip could not download sgl-deep-gemm=={SGL_DEEP_GEMM}")
     assert reason in res.stdout + res.stderr, res.stdout + res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _mhc_ncu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mhc_ncu", ROOT / "scripts/mhc_ncu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ncu --import R --csv --page raw --print-units base, abridged: a header, the units, two kernels
+NCU_RAW = """==PROF== a line of ncu's own
+"ID","Kernel Name","gpu__time_duration.sum","launch__grid_size","lts__t_bytes.sum",\
+"dram__bytes_read.sum","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
+"smsp__average_warp_latency_issue_stalled_barrier.ratio","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+"","","nsecond","","byte","Kbyte","ratio","ratio","ratio"
+"0","_mhc_partials_kernel","9330","448","44000000","3,700","12.5","0.25","3"
+"1","_mhc_finalize_kernel","4380","512","1000","2","0","7.75","1.5"
+"""
+
+
+def test_mhc_ncu_reads_each_kernels_metrics_in_us_and_bytes_and_its_stalls_largest_first():
+    m = _mhc_ncu()
+    kernels = m.parse_raw_csv(NCU_RAW)
+    assert [k["kernel"] for k in kernels] == ["_mhc_partials_kernel", "_mhc_finalize_kernel"]
+    first = kernels[0]
+    assert first["us"] == 9.33 and first["grid"] == 448 and first["l2_bytes"] == 44e6
+    assert first["dram_read"] == 3.7e6  # Kbyte, with a thousands separator
+    assert list(first["stalls"].items()) == [("long_scoreboard", 12.5), ("wait", 3.0),
+                                             ("barrier", 0.25)]
+    assert list(kernels[1]["stalls"]) == ["barrier", "wait"]  # a zero is left out
+    # a time in a unit it does not know is not guessed
+    assert "us" not in m.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"cycle"'))[0]
+    assert m.parse_raw_csv("==PROF== no kernel profiled\n") == []
+    assert m.missing_metrics("==ERROR== Failed to find metric lts__t_bytes.sum\n"
+                             "==ERROR== Failed to find metric regex:^sm__x.sum$\n") == {
+        "lts__t_bytes.sum", "sm__x.sum"}
+
+
+def test_mhc_ncu_retries_without_a_metric_ncu_lacks_and_writes_a_row_per_kernel(tmp_path):
+    # ncu stubbed: the first profile refuses lts__t_bytes.sum, the import prints NCU_RAW
+    (tmp_path / "raw.csv").write_text(NCU_RAW)
+    calls = tmp_path / "calls"
+    stub(tmp_path / "bin", "ncu", f"""
+case "$*" in
+  --version) echo 'Version 2025.3.1.0' ;;
+  *--import*) cat {tmp_path / 'raw.csv'} ;;
+  *lts__t_bytes.sum*) echo "$*" >> {calls}
+    echo '==ERROR== Failed to find metric lts__t_bytes.sum' >&2; exit 1 ;;
+  *) echo "$*" >> {calls} ;;
+esac""")
+    m = _mhc_ncu()
+    out = tmp_path / "out"
+    assert m.main([str(out), "--ncu", str(tmp_path / "bin" / "ncu"), "--tokens", "64",
+                   "--ops", "pre", "--providers", "ours", "vllm", "--variants", "default"]) == 0
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 4  # each case: the refused try, then the one without that metric
+    assert "lts__t_bytes.sum" in lines[0] and "lts__t_bytes.sum" not in lines[1]
+    assert "--case pre,7168,64,ours,default" in lines[1]
+    assert "--case pre,7168,64,vllm,-" in lines[3]
+    import json
+
+    record = json.loads((out / "mhc_ncu.json").read_text())
+    assert [c["case"] for c in record["cases"]] == ["pre_H7168_T64_ours_default",
+                                                    "pre_H7168_T64_vllm"]
+    assert record["cases"][0]["kernels"][0]["us"] == 9.33
+    assert record["environment"]["ncu"] == "Version 2025.3.1.0"
+    md = (out / "mhc_ncu.md").read_text()
+    assert "| pre_H7168_T64_vllm | _mhc_finalize_kernel | 4.38 |" in md, md
