@@ -8,6 +8,9 @@
 #   bench        dsv4spec bench mhc --deepgemm on, pre and post_pre at decode and verify sizes
 #   tune-sglang  dsv4spec tune --engine sglang --deepgemm on for mhc_pre and mhc_fused_post_pre
 #   tune-vllm    dsv4spec tune --engine vllm --deepgemm on for mhc_pre and mhc_fused_post_pre
+#   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
+#                the three-dot partials and the finalize as a dependent launch, and beside vLLM's
+#                DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
 #   ncu          scripts/mhc_ncu.py: Nsight Compute on each launch of ours (the plan and the
 #                tensor-core tilings) and of vLLM's DeepGEMM path, 64, 256 and 16 tokens, H 7168
 #                (OUT_DIR/ncu_run: mhc_ncu.json/.md and a report per case)
@@ -82,6 +85,13 @@ for s in $STEPS; do
       PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
         --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
         | tee "$OUT/tune_$engine.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    mid-t)
+      step "scripts/mhc_mid_t_ab.py (17-512 tokens)"
+      left=$(( ${CALL_SECONDS:-570} - SECONDS - 30 )); [ $left -gt 60 ] || left=60
+      engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
+      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_mid_t_ab.py "$OUT" --seconds $left \
+        --engines $engines 2>&1 | tee "$OUT/mhc_mid_t_ab.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)
       [ -n "$VLLM_DG" ] || echo "ncu: no vLLM DeepGEMM set up: ours alone"
