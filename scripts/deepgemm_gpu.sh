@@ -8,6 +8,10 @@
 #   bench        dsv4spec bench mhc --deepgemm on, pre and post_pre at decode and verify sizes
 #   tune-sglang  dsv4spec tune --engine sglang --deepgemm on for mhc_pre and mhc_fused_post_pre
 #   tune-vllm    dsv4spec tune --engine vllm --deepgemm on for mhc_pre and mhc_fused_post_pre
+#   tune-off-sglang, tune-off-vllm
+#                dsv4spec tune --deepgemm off, every hook of the engine (the plain tables, read
+#                where the engine runs no DeepGEMM); no DeepGEMM bundle needed. To resume a run a
+#                time limit cut, put its OUT_DIR/tables/*.partial into OUT_DIR/tables first
 #   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
 #                the three-dot partials and the finalize as a dependent launch, and beside vLLM's
 #                DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
@@ -53,7 +57,10 @@ for kind in sgl vllm; do
 done
 cat "$OUT/deepgemm_setup.log" 2>/dev/null | tail -20
 echo "usable: ${!DG[*]}"
-[ ${#DG[@]} -gt 0 ] || { echo "no carried DeepGEMM imports here (see deepgemm_setup.log)"; status=1; }
+# a missing DeepGEMM fails the run only where a step needs it (tune-off-* do not)
+needs_dg=0; for s in $STEPS; do case $s in tune-off-*) ;; *) needs_dg=1 ;; esac; done
+[ ${#DG[@]} -gt 0 ] || [ $needs_dg = 0 ] \
+  || { echo "no carried DeepGEMM imports here (see deepgemm_setup.log)"; status=1; }
 # SGLang's peer: its own pin where it built, else vLLM's DeepGEMM (same sm90 kernel source)
 SGL_DG=${DG[sgl]:-${DG[vllm]:-}}
 VLLM_DG=${DG[vllm]:-}
@@ -85,6 +92,13 @@ for s in $STEPS; do
       PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
         --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
         | tee "$OUT/tune_$engine.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    tune-off-sglang|tune-off-vllm)
+      engine=${s#tune-off-}
+      step "dsv4spec tune --engine $engine --deepgemm off"
+      left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
+      timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm off --force \
+        --out-dir "$OUT/tables" 2>&1 | tee -a "$OUT/tune_off_$engine.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     mid-t)
       step "scripts/mhc_mid_t_ab.py (17-512 tokens)"
