@@ -422,6 +422,58 @@ def _token_row_dots(acc, xt, fn_ptr, stride_fn, offs_h, mask_h, STREAM: tl.const
 
 
 @triton.jit
+def _token_grams_zero(BLOCK_T: tl.constexpr):
+    # the token-row kernels' 10 Gram sums per token, from zero (see _token_grams_add)
+    z = tl.zeros([BLOCK_T], dtype=tl.float32)
+    return z, z, z, z, z, z, z, z, z, z
+
+
+@triton.jit
+def _token_grams_add(g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3,
+                     GRAM: tl.constexpr):
+    # the token-row kernels' Gram sums [BLOCK_T] plus a chunk's: the 4 streams' [BLOCK_T,
+    # BLOCK_K] tiles, one row sum per entry (the diagonal, and with GRAM its upper half)
+    f0 = x0.to(tl.float32)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    f3 = x3.to(tl.float32)
+    g00 += tl.sum(f0 * f0, axis=1)
+    g11 += tl.sum(f1 * f1, axis=1)
+    g22 += tl.sum(f2 * f2, axis=1)
+    g33 += tl.sum(f3 * f3, axis=1)
+    if GRAM:
+        g01 += tl.sum(f0 * f1, axis=1)
+        g02 += tl.sum(f0 * f2, axis=1)
+        g03 += tl.sum(f0 * f3, axis=1)
+        g12 += tl.sum(f1 * f2, axis=1)
+        g13 += tl.sum(f1 * f3, axis=1)
+        g23 += tl.sum(f2 * f3, axis=1)
+    return g00, g11, g22, g33, g01, g02, g03, g12, g13, g23
+
+
+@triton.jit
+def _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
+                          g33, g01, g02, g03, g12, g13, g23, GRAM: tl.constexpr):
+    # ws[t, slot, split] of the token-row kernels: the dots acc [BLOCK_T, 32] (columns 0-23) to
+    # slots 0-23, the diagonal of G to 24-27, its upper half to 28-33
+    jj = tl.arange(0, 32)[None, :]
+    ws = ws_ptr + offs_t * stride_wt + split
+    mask_t = offs_t < T
+    tl.store(ws[:, None] + jj * stride_wk, acc, mask=mask_t[:, None] & (jj < 24))
+    tl.store(ws + 24 * stride_wk, g00, mask=mask_t)
+    tl.store(ws + 25 * stride_wk, g11, mask=mask_t)
+    tl.store(ws + 26 * stride_wk, g22, mask=mask_t)
+    tl.store(ws + 27 * stride_wk, g33, mask=mask_t)
+    if GRAM:
+        tl.store(ws + 28 * stride_wk, g01, mask=mask_t)
+        tl.store(ws + 29 * stride_wk, g02, mask=mask_t)
+        tl.store(ws + 30 * stride_wk, g03, mask=mask_t)
+        tl.store(ws + 31 * stride_wk, g12, mask=mask_t)
+        tl.store(ws + 32 * stride_wk, g13, mask=mask_t)
+        tl.store(ws + 33 * stride_wk, g23, mask=mask_t)
+
+
+@triton.jit
 def _mhc_partials_token_mma_kernel(
     x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
     T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
@@ -443,16 +495,7 @@ def _mhc_partials_token_mma_kernel(
     if POST:
         mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
-    g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g33 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g01 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g02 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g03 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g12 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g13 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g23 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
     for c in range(0, CHUNKS_PER_SPLIT):
         offs_h = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_h = offs_h < H
@@ -472,37 +515,10 @@ def _mhc_partials_token_mma_kernel(
         acc = _token_row_dots(acc, x1, fn_ptr, stride_fn, offs_h, mask_h, 1, H, PRESPLIT)
         acc = _token_row_dots(acc, x2, fn_ptr, stride_fn, offs_h, mask_h, 2, H, PRESPLIT)
         acc = _token_row_dots(acc, x3, fn_ptr, stride_fn, offs_h, mask_h, 3, H, PRESPLIT)
-        f0 = x0.to(tl.float32)
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        f3 = x3.to(tl.float32)
-        g00 += tl.sum(f0 * f0, axis=1)
-        g11 += tl.sum(f1 * f1, axis=1)
-        g22 += tl.sum(f2 * f2, axis=1)
-        g33 += tl.sum(f3 * f3, axis=1)
-        if GRAM:
-            g01 += tl.sum(f0 * f1, axis=1)
-            g02 += tl.sum(f0 * f2, axis=1)
-            g03 += tl.sum(f0 * f3, axis=1)
-            g12 += tl.sum(f1 * f2, axis=1)
-            g13 += tl.sum(f1 * f3, axis=1)
-            g23 += tl.sum(f2 * f3, axis=1)
-    # ws[t, slot, split]: dots 0-23, diagonal of G 24-27, its upper half 28-33
-    jj = tl.arange(0, 32)[None, :]
-    ws = ws_ptr + offs_t * stride_wt + split
-    mask_t = offs_t < T
-    tl.store(ws[:, None] + jj * stride_wk, acc, mask=mt & (jj < 24))
-    tl.store(ws + 24 * stride_wk, g00, mask=mask_t)
-    tl.store(ws + 25 * stride_wk, g11, mask=mask_t)
-    tl.store(ws + 26 * stride_wk, g22, mask=mask_t)
-    tl.store(ws + 27 * stride_wk, g33, mask=mask_t)
-    if GRAM:
-        tl.store(ws + 28 * stride_wk, g01, mask=mask_t)
-        tl.store(ws + 29 * stride_wk, g02, mask=mask_t)
-        tl.store(ws + 30 * stride_wk, g03, mask=mask_t)
-        tl.store(ws + 31 * stride_wk, g12, mask=mask_t)
-        tl.store(ws + 32 * stride_wk, g13, mask=mask_t)
-        tl.store(ws + 33 * stride_wk, g23, mask=mask_t)
+        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_add(
+            g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3, GRAM)
+    _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
+                          g33, g01, g02, g03, g12, g13, g23, GRAM)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -535,16 +551,7 @@ def _mhc_partials_three_dots_kernel(
     offs_c = tl.arange(0, KK)
     jj = tl.arange(0, 32)[None, :]
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
-    g00 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g11 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g22 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g33 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g01 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g02 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g03 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g12 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g13 = tl.zeros([BLOCK_T], dtype=tl.float32)
-    g23 = tl.zeros([BLOCK_T], dtype=tl.float32)
+    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
     for c in range(0, CHUNKS_PER_SPLIT):
         h0 = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K
         hh = h0 + tl.arange(0, BLOCK_K)[None, :]
@@ -571,35 +578,10 @@ def _mhc_partials_three_dots_kernel(
         else:
             xt = tl.load(x_ptr + oc, mask=mc, other=0.0)
         acc += (tl.dot(xt, lo) + tl.dot(xt, mid)) + tl.dot(xt, hi)
-        f0 = x0.to(tl.float32)
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        f3 = x3.to(tl.float32)
-        g00 += tl.sum(f0 * f0, axis=1)
-        g11 += tl.sum(f1 * f1, axis=1)
-        g22 += tl.sum(f2 * f2, axis=1)
-        g33 += tl.sum(f3 * f3, axis=1)
-        if GRAM:
-            g01 += tl.sum(f0 * f1, axis=1)
-            g02 += tl.sum(f0 * f2, axis=1)
-            g03 += tl.sum(f0 * f3, axis=1)
-            g12 += tl.sum(f1 * f2, axis=1)
-            g13 += tl.sum(f1 * f3, axis=1)
-            g23 += tl.sum(f2 * f3, axis=1)
-    ws = ws_ptr + offs_t * stride_wt + split
-    mask_t = offs_t < T
-    tl.store(ws[:, None] + jj * stride_wk, acc, mask=mt & (jj < 24))
-    tl.store(ws + 24 * stride_wk, g00, mask=mask_t)
-    tl.store(ws + 25 * stride_wk, g11, mask=mask_t)
-    tl.store(ws + 26 * stride_wk, g22, mask=mask_t)
-    tl.store(ws + 27 * stride_wk, g33, mask=mask_t)
-    if GRAM:
-        tl.store(ws + 28 * stride_wk, g01, mask=mask_t)
-        tl.store(ws + 29 * stride_wk, g02, mask=mask_t)
-        tl.store(ws + 30 * stride_wk, g03, mask=mask_t)
-        tl.store(ws + 31 * stride_wk, g12, mask=mask_t)
-        tl.store(ws + 32 * stride_wk, g13, mask=mask_t)
-        tl.store(ws + 33 * stride_wk, g23, mask=mask_t)
+        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_add(
+            g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3, GRAM)
+    _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
+                          g33, g01, g02, g03, g12, g13, g23, GRAM)
 
 
 @triton.jit
