@@ -10,7 +10,8 @@
 #   tune-vllm    dsv4spec tune --engine vllm --deepgemm on for mhc_pre and mhc_fused_post_pre
 #   tune-off-sglang, tune-off-vllm
 #                dsv4spec tune --deepgemm off, every hook of the engine (the plain tables, read
-#                where the engine runs no DeepGEMM); no DeepGEMM bundle needed. To resume a run a
+#                where the engine runs no DeepGEMM; TUNE_HOOKS="..." for some hooks only); no
+#                DeepGEMM bundle needed. To resume a run a
 #                time limit cut, put its OUT_DIR/tables/*.partial into OUT_DIR/tables first
 #   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
 #                the three-dot partials and the finalize as a dependent launch, and beside vLLM's
@@ -111,7 +112,8 @@ for f in (tables.device_file_name(name, stack), tables.device_file_name(name)):
         break' "$OUT/tables"
       left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
       timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm off --force \
-        --out-dir "$OUT/tables" 2>&1 | tee -a "$OUT/tune_off_$engine.log" | tail -25
+        ${TUNE_HOOKS:+--hooks $TUNE_HOOKS} --out-dir "$OUT/tables" 2>&1 \
+        | tee -a "$OUT/tune_off_$engine.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     mid-t)
       step "scripts/mhc_mid_t_ab.py (17-512 tokens)"
