@@ -1056,9 +1056,9 @@ def _three_dots_config(T: int, H: int, num_sms: int, block_t, block_k, num_split
                        warps, stages) -> _Config:
     # The three-dot partials (an override while unmeasured): up to 64 tokens a program (16 at
     # least, the tensor cores' smallest M), 32-wide chunks ([block_t, 128] x [128, 32] dots),
-    # one chunk per program (no loop: 128 registers and no spill for mhc_pre, 172 for the
-    # boundary, where runs of chunks spilled: scripts/mhc_partials_sass.py), 4 warps; the
-    # finalize's H-blocks as the tensor-core plans'.
+    # one chunk per program (no loop: 128 registers for mhc_pre, 172 for the boundary, no
+    # spill; runs of two 32-wide chunks spilled: benchmarks/results/mhc/mhc_partials_sass.md),
+    # 4 warps; the finalize's H-blocks as the tensor-core plans'.
     block_t = block_t or min(64, max(16, next_power_of_2(T)))
     block_k = block_k or 32
     n_chunks = cdiv(H, block_k)
