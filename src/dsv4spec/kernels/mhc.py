@@ -948,18 +948,16 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # of partial sums in registers. 33-64 tokens: 4-token blocks; more: 8-token blocks and ~4
     # programs per SM, each looping over a run of chunks (fn from L2 per block). Tile and warps
     # per range from the H200 sweep in benchmarks/results/mhc/mhc_probe.json.
+    if three_dots:  # tensor cores whatever mma says
+        if dtype is not None and dtype != torch.bfloat16:
+            raise ValueError(f"three_dots: the three-dot partials take bf16 streams, not {dtype}")
+        return _three_dots_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
+                                  stages)
     if mma is None:
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
                and ((device_index >= 0 if on_gpu is None else on_gpu)
                     or interpreter_multiplies_bf16()))
-    if three_dots:
-        if dtype is not None and dtype != torch.bfloat16:
-            raise ValueError(f"three_dots: the three-dot partials take bf16 streams, not {dtype}")
-        mma = True
     if mma:
-        if three_dots:
-            return _three_dots_config(T, H, num_sms, block_t, block_k, num_splits, block_h,
-                                      warps, stages)
         return _mma_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
                            token_rows, stages, presplit, boundary)
     small = T <= 32
