@@ -37,6 +37,11 @@ STEPS=${*:-smoke tune-sglang tune-vllm}
 mkdir -p "$OUT/tables"
 cd "$(dirname "$0")/.."
 . scripts/gpu_lib.sh
+seconds_left() {  # seconds_left MARGIN: of the call's CALL_SECONDS (from this script's start),
+  # less MARGIN, at least 60
+  local left=$(( ${CALL_SECONDS:-570} - SECONDS - $1 ))
+  echo $(( left > 60 ? left : 60 ))
+}
 engine_bundles
 if [ "${TRITON:-}" = 3.8 ]; then
   for b in .device-t38/triton38_*.tar.xz; do unpack "$b" /tmp/t38; done
@@ -89,7 +94,7 @@ for s in $STEPS; do
       step "dsv4spec tune --engine $engine --deepgemm on"
       # stopped before the call's 10 minutes (CALL_SECONDS, counted from this script's start),
       # its points kept in OUT_DIR/tables/*.partial
-      left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
+      left=$(seconds_left 0)
       PYTHONPATH=$dg:$P timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm on \
         --hooks mhc_pre mhc_fused_post_pre --force --out-dir "$OUT/tables" 2>&1 \
         | tee "$OUT/tune_$engine.log" | tail -25
@@ -99,25 +104,24 @@ for s in $STEPS; do
       step "dsv4spec tune --engine $engine --deepgemm off"
       # the packaged plain file of this GPU and stack seeds the output: its other engine's
       # hooks are kept beside the ones measured here
-      $PY -c 'import shutil, sys, torch
+      $PY -c 'import json, pathlib, shutil, sys, torch
 from dsv4spec.integrations import tables
 name, stack = torch.cuda.get_device_name(), tables.running_stack()
-out = sys.argv[1] + "/" + tables.device_file_name(name, stack)
-for f in (tables.device_file_name(name, stack), tables.device_file_name(name)):
-    src = tables.PACKAGED_DIR / f
-    if src.is_file() and tables.file_stack(__import__("json").loads(src.read_text())) == stack:
-        import os
-        if not os.path.exists(out):
-            shutil.copy(src, out); print("seeded", out, "from", src)
+out = pathlib.Path(sys.argv[1]) / tables.device_file_name(name, stack)
+for src in (tables.PACKAGED_DIR / tables.device_file_name(name, s) for s in (stack, None)):
+    if (not out.exists() and src.is_file()
+            and tables.file_stack(json.loads(src.read_text())) == stack):
+        shutil.copy(src, out)
+        print("seeded", out, "from", src)
         break' "$OUT/tables"
-      left=$(( ${CALL_SECONDS:-570} - SECONDS )); [ $left -gt 60 ] || left=60
+      left=$(seconds_left 0)
       timeout $left $PY -m dsv4spec.cli tune --engine "$engine" --deepgemm off --force \
         ${TUNE_HOOKS:+--hooks $TUNE_HOOKS} --out-dir "$OUT/tables" 2>&1 \
         | tee -a "$OUT/tune_off_$engine.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     mid-t)
       step "scripts/mhc_mid_t_ab.py (17-512 tokens)"
-      left=$(( ${CALL_SECONDS:-570} - SECONDS - 30 )); [ $left -gt 60 ] || left=60
+      left=$(seconds_left 30)
       engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
       PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_mid_t_ab.py "$OUT" --seconds $left \
         --engines $engines 2>&1 | tee "$OUT/mhc_mid_t_ab.log" | tail -40
@@ -125,7 +129,7 @@ for f in (tables.device_file_name(name, stack), tables.device_file_name(name)):
     ncu)
       [ -n "$VLLM_DG" ] || echo "ncu: no vLLM DeepGEMM set up: ours alone"
       step "scripts/mhc_ncu.py (Nsight Compute)"
-      left=$(( ${CALL_SECONDS:-570} - SECONDS - 30 )); [ $left -gt 60 ] || left=60
+      left=$(seconds_left 30)
       providers="ours"; [ -n "$VLLM_DG" ] && providers="ours vllm"
       PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_ncu.py "$OUT/ncu_run" --seconds $left \
         --providers $providers 2>&1 | tee "$OUT/mhc_ncu.log" | tail -12

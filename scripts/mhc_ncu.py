@@ -153,7 +153,7 @@ def markdown(record: dict) -> str:
         "# mHC launches under Nsight Compute",
         "",
         f"- device: {env.get('device')}, torch {env.get('torch')}, Triton {env.get('triton')}, "
-        f"ncu {env.get('ncu')}; {record.get('date')}",
+        f"ncu {env.get('ncu')}; {env.get('date')}",
         "- program: `scripts/mhc_ncu.py` (one call after three warm-up calls, per kernel; "
         "kernels serialised, caches flushed before each: not a CUDA graph's time)",
         "",
@@ -298,7 +298,6 @@ def main(argv=None) -> int:
                     for variant in (a.variants if provider == "ours" else ["-"]):
                         cases.append((op, H, T, provider, variant))
     record = {"environment": {} if a.dry_run else _environment(a.ncu), "cases": []}
-    record["date"] = record["environment"].get("date")
     start = time.monotonic()
     for op, H, T, provider, variant in cases:
         name = case_name(op, H, T, provider, variant)
