@@ -19,6 +19,7 @@ where the interpreter multiplies bf16 dots as numbers: tests/conftest.py makes T
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mhc_triton38_ab import EPS, ITERS, _off, check, make_inputs  # noqa: E402
 
+from dsv4spec.bench import mhc as bench_mhc  # noqa: E402
 from dsv4spec.kernels import mhc as K  # noqa: E402
 from dsv4spec.kernels.mhc import mhc_post_pre_triton, mhc_pre_triton  # noqa: E402
 from dsv4spec.ops import mhc_pre_reference  # noqa: E402
@@ -60,13 +62,12 @@ def check_pre(got, x, fn, sc, base, kw) -> list[str]:
     return [f"{k}: {v}" for k, v in errors.items() if v]
 
 
-def engine_calls(engines, op: str, T: int, H: int) -> dict:
-    """name -> a call of that engine's op on its own inputs (bench mhc's), DeepGEMM on."""
+def engine_peers(engines) -> dict:
+    """engine -> (its mHC kernels, loaded once with DeepGEMM on, bench mhc's provider for them);
+    an engine whose kernels cannot load is left out with a line saying why."""
     from dsv4spec.bench import deepgemm, sglang_mhc, vllm_kernels
-    from dsv4spec.bench import mhc as bench_mhc
 
-    calls = {}
-    inp = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
+    peers = {}
     for engine in engines:
         try:
             dg = deepgemm.resolve("on", engine)
@@ -76,10 +77,10 @@ def engine_calls(engines, op: str, T: int, H: int) -> dict:
                 peer, make = sglang_mhc.sglang_mhc_peer(dg), bench_mhc.sglang_provider
             if peer is None:
                 raise RuntimeError("its mHC kernels could not be loaded")
-            calls[engine] = make(peer, op, inp, True)
+            peers[engine] = (peer, make)
         except Exception as err:  # noqa: BLE001 - a peer that cannot load is left out
             print(f"{engine}: left out ({type(err).__name__}: {err})", flush=True)
-    return calls
+    return peers
 
 
 def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
@@ -142,79 +143,86 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out_dir, "mhc_mid_t_ab.md"), "w") as fh:
             fh.write(markdown(meta, rows, failures))
 
-    for T in tokens:
-        for H in widths:
-            for op in args.ops:
-                if args.seconds is not None and time.time() - start > args.seconds:
-                    print(f"past --seconds: {op} H={H} T={T} and after not timed", flush=True)
-                    write()
-                    return 1 if failures else 0
-                x, fn, sc, base, nw, f = make_inputs(T, H, device, seed=1000 * T + H,
-                                                     weight_dtype=torch.bfloat16)
-                kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
-                pargs = (EPS["rms_eps"], EPS["hc_eps"], ITERS, 2.0, nw, 1e-6)
-                post, comb, _ = mhc_pre_triton(x, fn, sc, base, *pargs)
-                seen = {}
-                for name, ov in candidates(T).items():
-                    if interpret and (ov.get("pdl") or (
-                            ov.get("three_dots") and not K.interpreter_multiplies_bf16())):
-                        continue  # no PDL on a CPU; bf16 dots only where the interpreter can
-                    cfg = K.plan(T, H, device_index, dtype=torch.bfloat16,
-                                 boundary=op == "post_pre", **ov)
-                    if cfg in seen:  # the same tiling as an earlier name
-                        continue
-                    seen[cfg] = name
-                    if op == "post_pre":
-                        out = (torch.empty_like(x), x.new_empty((T, 4), dtype=torch.float32),
-                               x.new_empty((T, 4, 4), dtype=torch.float32),
-                               torch.empty_like(f))
+    peers = {} if interpret else engine_peers(args.engines)
+    stopped = False
+    for T, H in itertools.product(tokens, widths):
+        if stopped:
+            break
+        x, fn, sc, base, nw, f = make_inputs(T, H, device, seed=1000 * T + H,
+                                             weight_dtype=torch.bfloat16)
+        kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
+        pargs = (EPS["rms_eps"], EPS["hc_eps"], ITERS, 2.0, nw, 1e-6)
+        post, comb, _ = mhc_pre_triton(x, fn, sc, base, *pargs)  # the boundary's inputs
+        engine_inputs = None
+        for op in args.ops:
+            if args.seconds is not None and time.time() - start > args.seconds:
+                print(f"past --seconds: {op} H={H} T={T} and after not timed", flush=True)
+                stopped = True
+                break
+            seen = {}
+            for name, ov in candidates(T).items():
+                if interpret and (ov.get("pdl") or (
+                        ov.get("three_dots") and not K.interpreter_multiplies_bf16())):
+                    continue  # no PDL on a CPU; bf16 dots only where the interpreter can
+                cfg = K.plan(T, H, device_index, dtype=torch.bfloat16,
+                             boundary=op == "post_pre", **ov)
+                if cfg in seen:  # the same tiling as an earlier name
+                    continue
+                seen[cfg] = name
+                if op == "post_pre":
+                    out = (torch.empty_like(x), x.new_empty((T, 4), dtype=torch.float32),
+                           x.new_empty((T, 4, 4), dtype=torch.float32),
+                           torch.empty_like(f))
 
-                        def call(ov=ov, out=out):
-                            return mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *pargs,
-                                                       out=out, **ov)
+                    def call(ov=ov, out=out):
+                        return mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *pargs,
+                                                   out=out, **ov)
 
-                        def errors_of(got):
-                            return check(got, f, x, post, comb, fn, sc, base, kw)
-                    else:
-                        out = (x.new_empty((T, 4), dtype=torch.float32),
-                               x.new_empty((T, 4, 4), dtype=torch.float32), torch.empty_like(f))
+                    def errors_of(got):
+                        return check(got, f, x, post, comb, fn, sc, base, kw)
+                else:
+                    out = (x.new_empty((T, 4), dtype=torch.float32),
+                           x.new_empty((T, 4, 4), dtype=torch.float32), torch.empty_like(f))
 
-                        def call(ov=ov, out=out):
-                            return mhc_pre_triton(x, fn, sc, base, *pargs, out=out, **ov)
+                    def call(ov=ov, out=out):
+                        return mhc_pre_triton(x, fn, sc, base, *pargs, out=out, **ov)
 
-                        def errors_of(got):
-                            return check_pre(got, x, fn, sc, base, kw)
-                    row = {"op": op, "T": T, "H": H, "tiling": name, "overrides": repr(ov),
-                           "plan": cfg._asdict()}
-                    try:
-                        row["errors"] = errors_of(call())
-                        if not interpret:
-                            torch.cuda.synchronize()
-                            row["us"] = round(1e3 * triton.testing.do_bench_cudagraph(
-                                call, rep=args.rep, return_mode="median"), 3)
-                            row["errors"] += errors_of(out)  # after the replays
-                    except Exception as err:  # noqa: BLE001 - a tiling that fails to compile
-                        row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
-                    if row["errors"]:
-                        failures.append(f"{op} T={T} H={H} {name}: " + "; ".join(row["errors"]))
-                        print("WRONG", failures[-1], file=sys.stderr, flush=True)
-                    rows.append(row)
-                    print(f"{op} T={T} H={H} {name}: " + (f"{row['us']:.2f} us" if "us" in row
-                                                         else "checked")
-                          + (" WRONG" if row["errors"] else ""), flush=True)
-                if not interpret:
-                    for engine, ecall in engine_calls(args.engines, op, T, H).items():
-                        try:
-                            ecall()
-                            torch.cuda.synchronize()
-                            us = round(1e3 * triton.testing.do_bench_cudagraph(
-                                ecall, rep=args.rep, return_mode="median"), 3)
-                            rows.append({"op": op, "T": T, "H": H, "tiling": engine, "us": us,
-                                         "errors": []})
-                            print(f"{op} T={T} H={H} {engine}: {us:.2f} us", flush=True)
-                        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                            print(f"{op} T={T} H={H} {engine}: failed ({err})", flush=True)
-                write()
+                    def errors_of(got):
+                        return check_pre(got, x, fn, sc, base, kw)
+                row = {"op": op, "T": T, "H": H, "tiling": name, "overrides": repr(ov),
+                       "plan": cfg._asdict()}
+                try:
+                    row["errors"] = errors_of(call())
+                    if not interpret:
+                        torch.cuda.synchronize()
+                        row["us"] = round(1e3 * triton.testing.do_bench_cudagraph(
+                            call, rep=args.rep, return_mode="median"), 3)
+                        row["errors"] += errors_of(out)  # after the replays
+                except Exception as err:  # noqa: BLE001 - a tiling that fails to compile
+                    row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
+                if row["errors"]:
+                    failures.append(f"{op} T={T} H={H} {name}: " + "; ".join(row["errors"]))
+                    print("WRONG", failures[-1], file=sys.stderr, flush=True)
+                rows.append(row)
+                print(f"{op} T={T} H={H} {name}: " + (f"{row['us']:.2f} us" if "us" in row
+                                                     else "checked")
+                      + (" WRONG" if row["errors"] else ""), flush=True)
+            if peers and engine_inputs is None:  # bench mhc's inputs, made once per point
+                engine_inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
+            for engine, (peer, make) in peers.items():
+                ecall = make(peer, op, engine_inputs, True)
+                try:
+                    ecall()
+                    torch.cuda.synchronize()
+                    us = round(1e3 * triton.testing.do_bench_cudagraph(
+                        ecall, rep=args.rep, return_mode="median"), 3)
+                    rows.append({"op": op, "T": T, "H": H, "tiling": engine, "us": us,
+                                 "errors": []})
+                    print(f"{op} T={T} H={H} {engine}: {us:.2f} us", flush=True)
+                except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+                    print(f"{op} T={T} H={H} {engine}: failed ({err})", flush=True)
+            write()
+    write()  # also where --seconds stopped the run before its first point
     print(markdown(meta, rows, failures) if not interpret else json.dumps(meta))
     if failures:
         print(f"FAILED: {len(failures)} tilings off the references", file=sys.stderr)
