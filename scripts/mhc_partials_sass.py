@@ -14,7 +14,6 @@ Writes OUT_DIR/<kernel>_<tiling>.cubin and prints a line per kernel.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import re
 import subprocess
@@ -75,7 +74,7 @@ def summary(out: str, compiled, tag: str) -> dict:
                          capture_output=True, text=True).stdout
     sass = subprocess.run([f"{tools}/cuobjdump", "-sass", path + ".cubin"],
                           capture_output=True, text=True).stdout
-    row = {"kernel": tag, "instructions": len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[@A-Z]", sass))}
+    row = {"instructions": len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[@A-Z]", sass))}
     for key in ("REG", "STACK", "SHARED"):
         m = re.search(rf"{key}:(\d+)", res)
         row[key.lower()] = int(m[1]) if m else None
@@ -125,9 +124,7 @@ def main(argv=None) -> int:
                         print(f"{tag}: FAILED {type(err).__name__}: {str(err)[:300]}",
                               flush=True)
                         continue
-                    counts = collections.OrderedDict((k, v) for k, v in row.items()
-                                                     if k != "kernel")
-                    print(f"{tag}: " + " ".join(f"{k} {v}" for k, v in counts.items()),
+                    print(f"{tag}: " + " ".join(f"{k} {v}" for k, v in row.items()),
                           flush=True)
     return 1 if failures else 0
 
