@@ -171,14 +171,16 @@ PATH_MISMATCH = "dsv4spec_path_mismatch"
 
 
 def path_matches(table: FasterTable, architecture: Architecture | None, op: str,
-                 num_tokens: int, engine_deep_gemm: bool, logger: logging.Logger) -> bool:
+                 num_tokens: int, engine_deep_gemm: bool, logger: logging.Logger,
+                 tell: bool = True) -> bool:
     """Whether the rows of ``table`` deciding ``architecture`` were measured against the path the
     engine's ``op`` takes at ``num_tokens``: DeepGEMM's pre-norm GEMM (``engine_deep_gemm``) or
     the engine's own kernels. A table of files records its rows' path per count
     (``measured_against``: :func:`dsv4spec.integrations.tables.deepgemm_above`); one set by hand
     (tests) holds the engine's own kernels. Where the two differ the rows say nothing of the
     kernel running, so the hook steps aside: False, with one WARNING per op and pair of paths
-    naming both. True where no rows decide (nothing is served then anyway)."""
+    naming both (none where not ``tell``: the engine's path is assumed, not read, and the caller
+    has said so). True where no rows decide (nothing is served then anyway)."""
     if architecture is None or table.get(architecture) is None:
         return True
     above = getattr(table, "deepgemm_above", {}).get(architecture)
@@ -187,7 +189,7 @@ def path_matches(table: FasterTable, architecture: Architecture | None, op: str,
         return True
     names = {True: "DeepGEMM's pre-norm GEMM", False: "its own kernels without DeepGEMM"}
     told = (logger.name, names[engine_deep_gemm], names[rows_deep_gemm], op)
-    if told not in _told_paths:
+    if tell and told not in _told_paths:
         _told_paths.add(told)
         logger.warning(
             "dsv4spec: %s runs %s at %d tokens, but the measured-faster rows for it (%s) were "

@@ -4,6 +4,7 @@ from types import ModuleType
 
 import pytest
 
+from dsv4spec.integrations import hooks as common_hooks
 from dsv4spec.integrations.sglang import hc_head as hc_head_hooks
 from dsv4spec.integrations.sglang import metadata as metadata_hooks
 from dsv4spec.integrations.sglang import mhc as mhc_hooks
@@ -130,6 +131,8 @@ def sgl(monkeypatch, serves):
     monkeypatch.setattr(mhc_hooks, "_original_warmed", set())
     monkeypatch.setattr(mhc_hooks, "_warm_pending", None)
     monkeypatch.setattr(mhc_hooks, "_deep_gemm", None)
+    monkeypatch.setattr(mhc_hooks, "_deep_gemm_unread", False)
+    monkeypatch.setattr(common_hooks, "_told_paths", set())
     monkeypatch.delenv("SGLANG_OPT_DEEPGEMM_HC_PRENORM", raising=False)
     monkeypatch.setattr(metadata_hooks, "_warned", set())
     monkeypatch.setattr(metadata_hooks, "_compiled", set())

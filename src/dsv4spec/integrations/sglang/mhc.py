@@ -115,6 +115,8 @@ DEEP_GEMM_FROM_TOKENS: dict[str, int | None] = {
 _warned: set[str] = set()
 # SGLang's _use_deep_gemm_hc_prenorm() in this process (None: not read yet).
 _deep_gemm: bool | None = None
+# Whether that read failed (DeepGEMM then assumed on, and said so once).
+_deep_gemm_unread = False
 # Launch shapes dsv4spec's op has run eagerly (so compiled): inside a capture only these run.
 _compiled: set[tuple] = set()
 # Launch shapes SGLang's function has run eagerly through the hook (see _WarmsOriginal).
@@ -162,7 +164,8 @@ def prefers_dsv4spec(op: str, num_tokens: int, hidden_size: int, in_graph: bool,
     if table is TABLES[op] and cap is not None and num_tokens > cap:
         return False
     engine_deep_gemm = deep_gemm and deep_from is not None and num_tokens >= deep_from
-    if not path_matches(table, architecture, op, num_tokens, engine_deep_gemm, logger):
+    if not path_matches(table, architecture, op, num_tokens, engine_deep_gemm, logger,
+                        tell=not _deep_gemm_unread):
         return False
     return measured_faster(table, architecture, hidden_size, num_tokens, in_graph)
 
@@ -172,7 +175,7 @@ def sglang_deep_gemm() -> bool:
     ``_use_deep_gemm_hc_prenorm()`` in the hooked module (its env switch, then DeepGEMM's
     ``ENABLE_JIT_DEEPGEMM``), read at the first call that asks and remembered for the process
     (both are fixed at server start). True where it cannot be read: the hooks step aside."""
-    global _deep_gemm
+    global _deep_gemm, _deep_gemm_unread
     if _deep_gemm is not None:
         return _deep_gemm
     module = sys.modules.get(MHC_MODULE)
@@ -181,7 +184,7 @@ def sglang_deep_gemm() -> bool:
     try:
         _deep_gemm = bool(module._use_deep_gemm_hc_prenorm())
     except Exception as e:  # noqa: BLE001 - renamed or failing: SGLang's path is safe
-        _deep_gemm = True
+        _deep_gemm = _deep_gemm_unread = True
         logger.warning("dsv4spec: could not read SGLang's DeepGEMM pre-norm decision (%s: %s); "
                        "the mhc_pre and boundary hooks step aside wherever SGLang may run "
                        "DeepGEMM", type(e).__name__, e)
