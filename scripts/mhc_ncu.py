@@ -77,9 +77,12 @@ METRICS = {
 STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
                    r"(?:_per_issue_active)?\.ratio$")
 # ncu reports these units; the rows hold µs and bytes
-_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1, "Kbyte": 1e3,
-          "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-_TIME_UNITS = ("nsecond", "usecond", "msecond")
+# time in µs; ncu names units both ways across releases ("nsecond" and "ns")
+_TIME_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+               "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+_SCALE = {**_TIME_SCALE, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1,
+          "KB": 1e3, "MB": 1e6, "GB": 1e9}
+_TIME_UNITS = tuple(_TIME_SCALE)
 
 
 def case_name(op: str, H: int, T: int, provider: str, variant: str) -> str:
@@ -132,7 +135,8 @@ def parse_raw_csv(text: str) -> list[dict]:
                 unit = units[i]
                 v = _number(values[i], unit)
                 if v is not None and key == "us" and unit not in _TIME_UNITS:
-                    v = None  # a time in another unit than expected: not guessed
+                    v = None  # a time in another unit than expected: not guessed, but named
+                    kernel["us_unit_unknown"] = unit
                 if v is not None:
                     kernel[key] = round(v, 3) if isinstance(v, float) else v
         stalls = {}

@@ -108,7 +108,9 @@ def test_mhc_ncu_reads_each_kernels_metrics_in_us_and_bytes_and_its_stalls_large
                                              ("barrier", 0.25)]
     assert list(kernels[1]["stalls"]) == ["barrier", "wait"]  # a zero is left out
     # a time in a unit it does not know is not guessed
-    assert "us" not in m.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"cycle"'))[0]
+    unknown = m.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"cycle"'))[0]
+    assert "us" not in unknown and unknown["us_unit_unknown"] == "cycle"
+    assert m.parse_raw_csv(NCU_RAW.replace('"nsecond"', '"ns"'))[0]["us"] == 9.33
     assert m.parse_raw_csv("==PROF== no kernel profiled\n") == []
     assert m.missing_metrics("==ERROR== Failed to find metric lts__t_bytes.sum\n"
                              "==ERROR== Failed to find metric regex:^sm__x.sum$\n") == {
