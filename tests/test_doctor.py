@@ -429,7 +429,7 @@ def test_an_engine_alone_without_a_gpu_answers_for_every_packaged_gpu(no_gpu, no
     report = doctor.build_report(numerics=False, engines=engines)
     assert report["what_if"] and report["exit"] == 0 and not report["problems"]
     by_name = {each["name"]: each for each in report["packaged_gpus"]}
-    # the H100's file holds vLLM's DeepGEMM-on mHC rows alone (Triton 3.6)
+    # the H100's files: both engines' mHC and hc_head rows under Triton 3.6 (DeepGEMM off and on)
     assert list(by_name) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200", None]
     measured, derived = by_name["NVIDIA H200"], by_name[None]
     assert (measured["label"], measured["basis"], measured["name"]) == (

@@ -18,6 +18,7 @@ from dsv4spec.ops.hc_head import first_plan_difference as hc_head_first_differen
 from dsv4spec.ops.hc_head import tiling_switches as hc_head_switches
 
 H200, H100, H20 = "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H20"
+H800 = "NVIDIA H800"  # sm_90 with the H200's 132 SMs and no file of its own
 H200_SMS = 132  # benchmarks/results/metadata/*.json: "sm_count": "132"
 SM90, SM100 = (9, 0), (10, 0)
 
@@ -43,6 +44,10 @@ _STACK_POINTS = {stack: {hook: entry for hook, entry in json.loads(
     (tables.PACKAGED_DIR / name).read_text())["engines"]["sglang"].items()}
     for stack, name in STACK_FILES.items()}
 _PACKAGED_POINTS = _STACK_POINTS["3.6"]
+# The H100's own file (Triton 3.6; benchmarks/results/deepgemm_h100/, 2026-12-08): SGLang's mHC
+# and hc_head hooks, not its metadata builders (those read the sm_90 file)
+H100_FILE = "NVIDIA_H100_80GB_HBM3.triton3.6.json"
+_H100_POINTS = json.loads((tables.PACKAGED_DIR / H100_FILE).read_text())["engines"]["sglang"]
 _MEASURED = {c for points in _STACK_POINTS.values() for e in points.values()
              for keyed in e["points"].values() for rows in keyed.values() for c, *_ in rows}
 PLUGIN_TABLES = [*mhc.TABLES.values(), *metadata.TABLES.values(), hc_head.TARGET_HC_HEAD_FASTER,
@@ -80,8 +85,8 @@ COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0
 
 def measured_decides(hook: str, key: int, count: int, in_graph: bool, architecture,
                      stack: str = "3.6", margin: float | None = None,
-                     sms: int = H200_SMS) -> bool:
-    entry = _STACK_POINTS[stack][hook]
+                     sms: int = H200_SMS, points: dict | None = None) -> bool:
+    entry = (points or _STACK_POINTS[stack])[hook]
     if architecture != SM90 or (entry["max_count"] is not None and count > entry["max_count"]):
         return False
     first = first_difference(hook, key, sms)
@@ -253,9 +258,9 @@ def test_no_served_range_reaches_a_segment_without_a_measured_win(name):
 
 
 @pytest.mark.parametrize("stack", list(STACK_FILES))
-@pytest.mark.parametrize("device, sms", [(None, None), (H200, H200_SMS), (H100, 132), (H20, 78)],
+@pytest.mark.parametrize("device, sms", [(None, None), (H200, H200_SMS), (H800, 132), (H20, 78)],
                          ids=["interpreter (sm_90 file)", "H200 (its file)",
-                              "H100 (sm_90 file)", "H20 (sm_90 file, 78 SMs)"])
+                              "H800 (sm_90 file)", "H20 (sm_90 file, 78 SMs)"])
 def test_decisions_follow_the_measured_points(fresh, monkeypatch, caplog, device, sms, stack):
     monkeypatch.setattr(tables, "running_stack", lambda: stack)
     fresh(device, sm_count=sms)
@@ -277,7 +282,7 @@ def test_decisions_follow_the_measured_points(fresh, monkeypatch, caplog, device
     assert all(t.sources[SM90] == expected for t in PLUGIN_TABLES)
     # a named GPU on the architecture file is told so once, naming the file and `dsv4spec tune`
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    if device in (H100, H20):
+    if device in (H800, H20):
         assert len(warnings) == 1 and device in warnings[0] and str(expected) in warnings[0]
         assert "dsv4spec tune" in warnings[0] and "1.25x" in warnings[0]
         assert ("78 SMs" in warnings[0]) == (device == H20)
@@ -288,6 +293,33 @@ def test_decisions_follow_the_measured_points(fresh, monkeypatch, caplog, device
         answers = {measured_decides(hook, k, c, g, SM90, stack, margin, sms or H200_SMS)
                    for k in KEYS for c in COUNTS for g in (True, False)}
         assert answers == {True, False}, hook
+
+
+def test_the_h100_decides_from_its_own_points_where_its_file_has_the_hook(fresh, monkeypatch,
+                                                                          caplog):
+    monkeypatch.setattr(tables, "running_stack", lambda: "3.6")
+    fresh(H100, sm_count=132)
+    differ = []
+    with caplog.at_level(logging.WARNING, logger="dsv4spec.integrations"):
+        for hook in HOOKS:
+            own = hook in _H100_POINTS
+            for in_graph in (True, False):
+                for key in KEYS:
+                    for count in COUNTS:
+                        expected = (measured_decides(hook, key, count, in_graph, SM90,
+                                                     points=_H100_POINTS, sms=132) if own else
+                                    measured_decides(hook, key, count, in_graph, SM90,
+                                                     margin=tables.ARCHITECTURE_MARGIN))
+                        if plugin_decides(hook, key, count, in_graph, SM90) != expected:
+                            differ.append((hook, in_graph, key, count))
+    assert not differ, f"{len(differ)} decisions differ, e.g. {differ[:5]}"
+    assert {t.sources[SM90].name for t in PLUGIN_TABLES} == {H100_FILE, "sm_90.json"}
+    # the metadata builders, not in its file, read the sm_90 file, and it is told so once
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and H100 in warnings[0] and "sm_90.json" in warnings[0]
+    for hook in _H100_POINTS:  # the file serves and keeps the engine's, both
+        assert {measured_decides(hook, k, c, g, SM90, points=_H100_POINTS, sms=132)
+                for k in KEYS for c in COUNTS for g in (True, False)} == {True, False}, hook
 
 
 @pytest.mark.parametrize("content", [
