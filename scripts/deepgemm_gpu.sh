@@ -14,8 +14,8 @@
 #                DeepGEMM bundle needed. To resume a run a
 #                time limit cut, put its OUT_DIR/tables/*.partial into OUT_DIR/tables first
 #   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
-#                the three-dot partials and the finalize as a dependent launch, and beside vLLM's
-#                DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
+#                the other tensor-core tilings and the finalize as a dependent launch, and beside
+#                vLLM's DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
 #   ncu          scripts/mhc_ncu.py: Nsight Compute on each launch of ours (the plan and the
 #                tensor-core tilings) and of vLLM's DeepGEMM path, 64, 256 and 16 tokens, H 7168
 #                (OUT_DIR/ncu_run: mhc_ncu.json/.md and a report per case)

@@ -1,10 +1,11 @@
 """mhc_pre and the boundary between decode and prefill sizes (17-512 tokens, where DeepGEMM's path
-is faster than the planned tilings): the plan beside the three-dot tensor-core partials and the
-finalize as a programmatic dependent launch past 16 tokens, and beside the engines' DeepGEMM
-path, in one run. Each tiling is checked against the float64 references first (the boundary as
-tests/ops/test_mhc.py's assert_boundary_close does, mhc_pre's post and comb within 1e-5 and its
-layer input within 2 ulps), then timed in a CUDA graph (triton.testing.do_bench_cudagraph,
-median) on fresh random inputs per shape; its outputs are checked again after the replays.
+is faster than the planned tilings): the plan beside the other tensor-core tilings (tokens as
+rows, rows (t, i)) and the finalize as a programmatic dependent launch past 16 tokens, and beside
+the engines' DeepGEMM path, in one run. Each tiling is checked against the float64 references
+first (the boundary as tests/ops/test_mhc.py's assert_boundary_close does, mhc_pre's post and
+comb within 1e-5 and its layer input within 2 ulps), then timed in a CUDA graph
+(triton.testing.do_bench_cudagraph, median) on fresh random inputs per shape; its outputs are
+checked again after the replays.
 
     PYTHONPATH=src python3 scripts/mhc_mid_t_ab.py OUT_DIR [--tokens ...] [--widths ...]
         [--engines vllm sglang] [--seconds N]
@@ -44,12 +45,11 @@ OPS = ("post_pre", "pre")
 def candidates(T: int) -> dict:
     """Tiling overrides by name; the planner's own first."""
     out = {"planned": {},
-           "three dots k32": {"three_dots": True},
-           "three dots k16 loop": {"three_dots": True, "block_k": 16,
-                                   "num_splits": 2 * 132 // triton.cdiv(T, 64)},
-           "three dots k64 w8": {"three_dots": True, "block_k": 64, "warps": (8, 1)}}
-    if T <= 32:
-        out["three dots t16 k32"] = {"three_dots": True, "block_t": 16}
+           "token rows t64 k32": {"mma": True, "token_rows": True, "block_t": 64, "block_k": 32,
+                                  "warps": (4, 1), "stages": 3, "presplit": False},
+           "rows (t, i) t16 k64": {"mma": True, "token_rows": False, "block_t": 16,
+                                   "block_k": 64, "warps": (4, 1),
+                                   "num_splits": 2 * 132 // triton.cdiv(T, 64)}}
     if T <= 64:  # the CUDA-core plan: its finalize as a dependent launch past PDL_MAX_TOKENS
         out["planned pdl"] = {"pdl": True}
     return out
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             seen = {}
             for name, ov in candidates(T).items():
                 if interpret and (ov.get("pdl") or (
-                        ov.get("three_dots") and not K.interpreter_multiplies_bf16())):
+                        ov.get("mma") and not K.interpreter_multiplies_bf16())):
                     continue  # no PDL on a CPU; bf16 dots only where the interpreter can
                 cfg = K.plan(T, H, device_index, dtype=torch.bfloat16,
                              boundary=op == "post_pre", **ov)

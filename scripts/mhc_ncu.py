@@ -34,15 +34,13 @@ import sys
 import time
 
 # name -> overrides of our planner ({}: its defaults). The tensor-core partials with tokens as
-# rows (tok), rows (t, i) (ti) and three dots a chunk, and the CUDA-core partials with 8-token
-# blocks, beside the plan, at the sizes where DeepGEMM's path is faster
+# rows (tok) and rows (t, i) (ti), and the CUDA-core partials with 8-token blocks, beside the
+# plan, at the sizes where DeepGEMM's path is faster
 # (benchmarks/results/deepgemm_h200/README.md)
 VARIANTS = {
     "default": {},
     "tok64": {"mma": True, "token_rows": True, "block_t": 64, "block_k": 32, "warps": (4, 1),
               "stages": 3, "presplit": False},
-    "three_dots": {"three_dots": True},
-    "three_dots_k16": {"three_dots": True, "block_k": 16, "num_splits": 112},
     "ti16": {"mma": True, "token_rows": False, "block_t": 16, "block_k": 64, "warps": (4, 1),
              "num_splits": 112},
     "cuda8": {"mma": False, "block_t": 8, "block_k": 64},
@@ -280,7 +278,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", default=["pre", "post_pre"], choices=["pre", "post_pre"])
     p.add_argument("--providers", nargs="+", default=["ours", "vllm"],
                    choices=["ours", "vllm", "sglang"])
-    p.add_argument("--variants", nargs="+", default=["default", "three_dots", "tok64", "ti16"],
+    p.add_argument("--variants", nargs="+", default=["default", "tok64", "ti16"],
                    choices=list(VARIANTS))
     p.add_argument("--seconds", type=float, default=None,
                    help="start no case after this many seconds (the rest are listed as skipped)")

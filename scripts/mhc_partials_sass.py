@@ -26,19 +26,14 @@ from triton.runtime import driver
 
 from dsv4spec.kernels import mhc as K
 
-# name -> overrides of the planner: the CUDA-core plan at 33-64 tokens, the tensor-core kernels
-# (tokens as rows, rows (t, i)) and the three-dot kernel (one chunk a program, runs of 32- and
-# 16-wide chunks in a loop, 64-wide with 8 warps)
+# name -> overrides of the planner: the CUDA-core plan at 33-64 tokens and the tensor-core
+# kernels (tokens as rows, rows (t, i))
 TILINGS = {
     "plan": {},
     "token rows t64 k32": {"mma": True, "token_rows": True, "block_t": 64, "block_k": 32,
                            "presplit": False, "stages": 3},
     "rows (t, i) t16 k64": {"mma": True, "token_rows": False, "block_t": 16, "block_k": 64,
                             "num_splits": 112, "warps": (4, 1)},
-    "three dots t64 k32": {"three_dots": True},
-    "three dots t64 k32 x2": {"three_dots": True, "num_splits": 112},
-    "three dots t64 k16 x4": {"three_dots": True, "block_k": 16, "num_splits": 112},
-    "three dots t64 k64 w8": {"three_dots": True, "block_k": 64, "warps": (8, 1)},
 }
 SASS_COUNTS = {"HGMMA": r"\bHGMMA\b", "HMMA": r"\bHMMA\b", "DEPBAR": r"WARPGROUP\.DEPBAR",
                "ARRIVE": r"WARPGROUP\.ARRIVE", "BAR.SYNC": r"\bBAR\.SYNC", "SHFL": r"\bSHFL",

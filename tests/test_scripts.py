@@ -157,13 +157,13 @@ def test_mhc_mid_t_ab_table_takes_the_best_correct_tiling_against_the_faster_eng
     spec.loader.exec_module(m)
     point = {"op": "post_pre", "H": 7168, "T": 64}
     rows = [{**point, "tiling": "planned", "us": 18.0, "errors": []},
-            {**point, "tiling": "three dots k32", "us": 9.0, "errors": []},
-            {**point, "tiling": "three dots k64 w8", "us": 5.0, "errors": ["post: 3/256 off"]},
+            {**point, "tiling": "token rows t64 k32", "us": 9.0, "errors": []},
+            {**point, "tiling": "rows (t, i) t16 k64", "us": 5.0, "errors": ["post: 3/256 off"]},
             {**point, "tiling": "vllm", "us": 13.5, "errors": []},
             {**point, "tiling": "sglang", "us": 14.0, "errors": []}]
     md = m.markdown({"device": "H200", "torch": "2.11", "triton": "3.6"}, rows,
-                    ["post_pre T=64 H=7168 three dots k64 w8: post: 3/256 off"])
-    assert "| post_pre | 7168 | 64 | 13.5 | 18.0 | 9.0 | three dots k32 | 1.50x |" in md, md
-    assert "- FAILURE post_pre T=64 H=7168 three dots k64 w8" in md
-    assert set(m.candidates(64)) > {"planned", "three dots k32", "planned pdl"}
+                    ["post_pre T=64 H=7168 rows (t, i) t16 k64: post: 3/256 off"])
+    assert "| post_pre | 7168 | 64 | 13.5 | 18.0 | 9.0 | token rows t64 k32 | 1.50x |" in md, md
+    assert "- FAILURE post_pre T=64 H=7168 rows (t, i) t16 k64" in md
+    assert set(m.candidates(64)) > {"planned", "token rows t64 k32", "planned pdl"}
     assert "planned pdl" not in m.candidates(65)  # a candidate up to 64 tokens

@@ -61,9 +61,6 @@ def test_sinkhorn_passes(iters, vector_sums):
     pytest.param({"mma": True, "token_rows": True, "presplit": False, "block_t": 16,
                   "block_k": 16, "num_splits": 2},
                  id="token rows, fn split per chunk, 4 per split"),
-    pytest.param({"three_dots": True}, id="three dots a chunk, 32 tokens, 32-wide, one a split"),
-    pytest.param({"three_dots": True, "block_t": 16, "block_k": 16, "num_splits": 2},
-                 id="three dots a chunk, 16 tokens, 16-wide chunks, 4 per split"),
 ])
 @pytest.mark.parametrize("rmsnorm", [False, True], ids=["plain", "rmsnorm"])
 def test_tensor_core_partials(tiling, rmsnorm):
@@ -167,34 +164,6 @@ def test_gpu_tensor_core_partials(T):
     _pre_and_boundary_on("cuda", T, 7168, seed=T)
     # the second call of a shape launches the cached kernels directly (fn's split included)
     _pre_and_boundary_on("cuda", T, 7168, seed=T + 1)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("H", [4096, 7168])
-@pytest.mark.parametrize("T", [17, 33, 64, 200, 512])
-def test_gpu_three_dots_partials(T, H):
-    # the three-dot partials where they are a candidate (33-512 tokens), token blocks past T
-    _pre_and_boundary_on("cuda", T, H, seed=T, three_dots=True)
-    _pre_and_boundary_on("cuda", T, H, seed=T + 1, three_dots=True)  # the direct launch
-
-
-def test_three_dots_partials_are_an_override_for_bf16_streams():
-    from dsv4spec.kernels import mhc as K
-
-    for T in (1, 16, 33, 64, 256, 4096):
-        for boundary in (False, True):
-            assert not K.plan(T, 7168, -1, dtype=torch.bfloat16, boundary=boundary).three_dots
-    cfg = K.tiling(64, 7168, 132, dtype=torch.bfloat16, three_dots=True, on_gpu=True)
-    assert cfg.three_dots and cfg.mma and not cfg.presplit
-    # one token block, a 32-wide chunk a program
-    assert (cfg.block_t, cfg.block_k, cfg.num_splits, cfg.chunks_per_split) == (64, 32, 224, 1)
-    cfg = K.tiling(256, 4096, 132, dtype=torch.bfloat16, three_dots=True, on_gpu=True,
-                   num_splits=32)
-    assert (cfg.block_t, cfg.num_splits, cfg.chunks_per_split) == (64, 32, 4)
-    assert K.partials_kernel(cfg) is K._PARTIALS_THREE_DOTS
-    assert "PRESPLIT" not in K.partials_constexprs(cfg, True, True, 24)
-    with pytest.raises(ValueError, match="three_dots: the three-dot partials take bf16 streams"):
-        K.tiling(64, 7168, 132, dtype=torch.float32, three_dots=True, on_gpu=True)
 
 
 def _pre_and_boundary_on(device, T, H, seed, **tiling):

@@ -521,69 +521,6 @@ def _mhc_partials_token_mma_kernel(
                           g33, g01, g02, g03, g12, g13, g23, GRAM)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _mhc_partials_three_dots_kernel(
-    x_ptr, f_ptr, post_ptr, comb_ptr, xnew_ptr, fn_ptr, ws_ptr,
-    T, H, NUM_SPLITS, stride_fn, stride_wt, stride_wk,
-    POST: tl.constexpr, GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # Launch 1 on tensor cores in three dots per chunk of h, one per bf16 part of fn (the
-    # token-row kernel issues twelve, a part of each stream's, and waits on each in turn):
-    # tokens as rows, the 4 streams side by side along K (column c of the tile holds stream
-    # c % 4 at h0 + c // 4, loaded in that order) times fn's matching [4 * BLOCK_K, 32] rows.
-    # Each part's products of a chunk start from zero in the tensor cores and the three add up
-    # in fp32 registers, smallest first, as in the other kernels. Joining the parts side by side
-    # along N (one dot) compiled only at 64-wide chunks, one per program, and spilled beyond
-    # (TritonGPUOptimizeDotOperands failed under Triton 3.6: scripts/mhc_partials_sass.py). The
-    # Gram sums from each stream's own [BLOCK_T, BLOCK_K] tile on CUDA cores. With POST the new
-    # residual is formed, stored and read back as the dot's tile after a barrier, so the dotted
-    # and the stored residual are the same bits (the mix left to the compiler, as mhc_post's).
-    # Same workspace slots as _mhc_partials_kernel.
-    KK: tl.constexpr = 4 * BLOCK_K
-    pid = tl.program_id(0).to(tl.int64)
-    split = pid % NUM_SPLITS
-    offs_t = (pid // NUM_SPLITS) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tt = offs_t[:, None]
-    mt = tt < T
-    if POST:
-        mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
-    offs_c = tl.arange(0, KK)
-    jj = tl.arange(0, 32)[None, :]
-    acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
-    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
-    for c in range(0, CHUNKS_PER_SPLIT):
-        h0 = (split * CHUNKS_PER_SPLIT + c) * BLOCK_K
-        hh = h0 + tl.arange(0, BLOCK_K)[None, :]
-        m2 = mt & (hh < H)
-        o2 = tt * (4 * H) + hh
-        hc = h0 + offs_c // 4  # the dot's K index c: stream c % 4 at h = hc
-        kmask = hc < H
-        oc = tt * (4 * H) + (offs_c % 4)[None, :] * H + hc[None, :]
-        mc = mt & kmask[None, :]
-        f = tl.load(fn_ptr + jj * stride_fn + (offs_c % 4)[:, None] * H + hc[:, None],
-                    mask=(jj < 24) & kmask[:, None], other=0.0)
-        hi, mid, lo = split_bf16x3(f)
-        x0 = tl.load(x_ptr + o2, mask=m2, other=0.0)
-        x1 = tl.load(x_ptr + o2 + H, mask=m2, other=0.0)
-        x2 = tl.load(x_ptr + o2 + 2 * H, mask=m2, other=0.0)
-        x3 = tl.load(x_ptr + o2 + 3 * H, mask=m2, other=0.0)
-        if POST:
-            fv = tl.load(f_ptr + tt * H + hh, mask=m2, other=0.0).to(tl.float32)
-            x0, x1, x2, x3 = _store_new_residual(xnew_ptr, o2, H, m2, mixes, fv,
-                                                 x0.to(tl.float32), x1.to(tl.float32),
-                                                 x2.to(tl.float32), x3.to(tl.float32), False)
-            tl.debug_barrier()  # the tile's elements were stored by other threads
-            xt = tl.load(xnew_ptr + oc, mask=mc, other=0.0)
-        else:
-            xt = tl.load(x_ptr + oc, mask=mc, other=0.0)
-        acc += (tl.dot(xt, lo) + tl.dot(xt, mid)) + tl.dot(xt, hi)
-        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_add(
-            g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3, GRAM)
-    _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
-                          g33, g01, g02, g03, g12, g13, g23, GRAM)
-
-
 @triton.jit
 def _tile4(ws_ptr, SLOT: tl.constexpr, stride_wk, offs_s, mask_s, N: tl.constexpr):
     # slots SLOT..SLOT+N-1 (N <= 4) of every split: one [4, BLOCK_S] load. The finalize loads all
@@ -929,16 +866,13 @@ class _Config(NamedTuple):
     presplit: bool = False
     # with pdl: the finalize lets the next launch start before its own wait, else after it
     early_release: bool = True
-    # with mma: three dots per chunk, the streams side by side along K
-    # (_mhc_partials_three_dots_kernel); an override, planned nowhere yet
-    three_dots: bool = False
 
 
 def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits=None,
             block_h=None, warps=None, pdl=None, wait=None, vector_sums=None,
             prefetch_fn=None, mma=None, dtype=None, device_index=-1, token_rows=None,
             stages=None, presplit=None, boundary=False, on_gpu=None,
-            release=None, early_release=None, three_dots=False) -> _Config:
+            release=None, early_release=None) -> _Config:
     # on_gpu: plan as on an sm_90+ NVIDIA GPU (True) or in the interpreter (False) whatever
     # device_index is (the tables' planner queries, no device needed); release: the Triton
     # (major, minor) the kernels are compiled with, default the imported one
@@ -948,11 +882,6 @@ def _config(T: int, H: int, num_sms: int, block_t=None, block_k=None, num_splits
     # of partial sums in registers. 33-64 tokens: 4-token blocks; more: 8-token blocks and ~4
     # programs per SM, each looping over a run of chunks (fn from L2 per block). Tile and warps
     # per range from the H200 sweep in benchmarks/results/mhc/mhc_probe.json.
-    if three_dots:  # tensor cores whatever mma says
-        if dtype is not None and dtype != torch.bfloat16:
-            raise ValueError(f"three_dots: the three-dot partials take bf16 streams, not {dtype}")
-        return _three_dots_config(T, H, num_sms, block_t, block_k, num_splits, block_h, warps,
-                                  stages)
     if mma is None:
         mma = (dtype == torch.bfloat16 and T >= MMA_MIN_TOKENS
                and ((device_index >= 0 if on_gpu is None else on_gpu)
@@ -1050,28 +979,6 @@ def _mma_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, bloc
                    presplit=bool(token_rows and presplit), early_release=False)
 
 
-def _three_dots_config(T: int, H: int, num_sms: int, block_t, block_k, num_splits, block_h,
-                       warps, stages) -> _Config:
-    # The three-dot partials (an override while unmeasured): up to 64 tokens a program (16 at
-    # least, the tensor cores' smallest M), 32-wide chunks ([block_t, 128] x [128, 32] dots),
-    # one chunk per program (no loop: 128 registers for mhc_pre, 172 for the boundary, no
-    # spill; runs of two 32-wide chunks spilled: benchmarks/results/mhc/mhc_partials_sass.md),
-    # 4 warps; the finalize's H-blocks as the tensor-core plans'.
-    block_t = block_t or min(64, max(16, next_power_of_2(T)))
-    block_k = block_k or 32
-    n_chunks = cdiv(H, block_k)
-    if num_splits is None:
-        num_splits = n_chunks
-    chunks_per_split = cdiv(n_chunks, max(1, min(num_splits, n_chunks)))
-    num_splits = cdiv(n_chunks, chunks_per_split)
-    if block_h is None:
-        block_h = 1024 if T <= 128 else 512
-    warps = warps or (4, 1)
-    return _Config(block_t, block_k, chunks_per_split, num_splits, block_h, warps[0], warps[1],
-                   False, mma=True, token_rows=True, stages=stages, early_release=False,
-                   three_dots=True)
-
-
 @functools.lru_cache(maxsize=4096)
 def _plan(T: int, H: int, device_index: int, **overrides) -> _Config:
     return _config(T, H, num_sms(device_index), device_index=device_index, **overrides)
@@ -1085,7 +992,6 @@ WORKSPACES = WorkspaceCache()
 _PARTIALS = LaunchCache(_mhc_partials_kernel)
 _PARTIALS_MMA = LaunchCache(_mhc_partials_mma_kernel)
 _PARTIALS_TOKEN_MMA = LaunchCache(_mhc_partials_token_mma_kernel)
-_PARTIALS_THREE_DOTS = LaunchCache(_mhc_partials_three_dots_kernel)
 _SPLIT_FN = LaunchCache(_split_fn_kernel)
 _FINALIZE = LaunchCache(_mhc_finalize_kernel)
 _POST = LaunchCache(_mhc_post_kernel)
@@ -1154,12 +1060,10 @@ def _pre_launches(x, fn, hc_scale, hc_base, norm_weight, post_out, comb_out, out
 
 
 def partials_kernel(cfg: _Config) -> LaunchCache:
-    """Launch 1's kernel for ``cfg``: on CUDA cores, or on tensor cores by rows (t, i) or tokens
-    (in three dots per chunk with ``three_dots``)."""
+    """Launch 1's kernel for ``cfg``: on CUDA cores, or on tensor cores by rows (t, i) or
+    tokens."""
     if not cfg.mma:
         return _PARTIALS
-    if cfg.three_dots:
-        return _PARTIALS_THREE_DOTS
     return _PARTIALS_TOKEN_MMA if cfg.token_rows else _PARTIALS_MMA
 
 
@@ -1170,7 +1074,7 @@ def partials_constexprs(cfg: _Config, boundary: bool, rmsnorm: bool, nrows: int)
     if not cfg.mma:
         out.update(PDL=cfg.pdl, PREFETCH_FN=cfg.prefetch_fn, WAIT=cfg.wait, NROWS=nrows,
                    ROWS_PAD=32 if nrows > 4 else 4)
-    elif cfg.token_rows and not cfg.three_dots:
+    elif cfg.token_rows:
         out["PRESPLIT"] = cfg.presplit
     return out
 
@@ -1324,7 +1228,6 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
 # launches of mhc_pre_triton.
 JIT_KERNELS = {"partials": _mhc_partials_kernel, "partials_mma": _mhc_partials_mma_kernel,
                "partials_token_mma": _mhc_partials_token_mma_kernel,
-               "partials_three_dots": _mhc_partials_three_dots_kernel,
                "finalize": _mhc_finalize_kernel,
                "post": _mhc_post_kernel}
 tiling = _config
