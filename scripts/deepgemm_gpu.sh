@@ -16,6 +16,8 @@
 #   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
 #                the other tensor-core tilings and the finalize as a dependent launch, and beside
 #                vLLM's DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
+#   tma          scripts/mhc_tma_ab.py: mhc_pre with TMA-loaded, pipelined tensor-core partials at
+#                33-512 tokens beside the plan and vLLM's DeepGEMM path (OUT_DIR/mhc_tma_ab.json/.md)
 #   ncu          scripts/mhc_ncu.py: Nsight Compute on each launch of ours (the plan and the
 #                tensor-core tilings) and of vLLM's DeepGEMM path, 64, 256 and 16 tokens, H 7168
 #                (OUT_DIR/ncu_run: mhc_ncu.json/.md and a report per case)
@@ -125,6 +127,13 @@ for src in (tables.PACKAGED_DIR / tables.device_file_name(name, s) for s in (sta
       engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
       PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_mid_t_ab.py "$OUT" --seconds $left \
         --engines $engines 2>&1 | tee "$OUT/mhc_mid_t_ab.log" | tail -40
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    tma)
+      step "scripts/mhc_tma_ab.py (TMA partials, 33-512 tokens)"
+      left=$(seconds_left 30)
+      engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
+      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_tma_ab.py "$OUT" --seconds $left \
+        --engines $engines 2>&1 | tee "$OUT/mhc_tma_ab.log" | tail -20
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)
       [ -n "$VLLM_DG" ] || echo "ncu: no vLLM DeepGEMM set up: ours alone"

@@ -38,7 +38,7 @@ TILINGS = {
 SASS_COUNTS = {"HGMMA": r"\bHGMMA\b", "HMMA": r"\bHMMA\b", "DEPBAR": r"WARPGROUP\.DEPBAR",
                "ARRIVE": r"WARPGROUP\.ARRIVE", "BAR.SYNC": r"\bBAR\.SYNC", "SHFL": r"\bSHFL",
                "LDG": r"\bLDG", "LDGSTS": r"\bLDGSTS", "STS": r"\bSTS\b", "LDS": r"\bLDS\b",
-               "LDSM": r"\bLDSM"}
+               "LDSM": r"\bLDSM", "UTMALDG": r"\bUTMALDG\b"}
 
 
 class SM90:

@@ -1,6 +1,7 @@
 """The GPU-run scripts as a user on the wrong machine sees them: one line saying why, a non-zero
 exit status, nothing written."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SGL_DEEP_GEMM = "0.2.3.post2"
@@ -167,3 +169,19 @@ def test_mhc_mid_t_ab_table_takes_the_best_correct_tiling_against_the_faster_eng
     assert "- FAILURE post_pre T=64 H=7168 rows (t, i) t16 k64" in md
     assert set(m.candidates(64)) > {"planned", "token rows t64 k32", "planned pdl"}
     assert "planned pdl" not in m.candidates(65)  # a candidate up to 64 tokens
+
+
+def test_mhc_tma_ab_partials_match_the_float64_reference_in_the_interpreter(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mhc_tma_ab", ROOT / "scripts/mhc_tma_ab.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    # two widths, masked token blocks (17 of 32 and 40 of 64 rows), 2 chunks a program
+    assert m.main([str(tmp_path), "--interpret"]) == 0
+    rows = json.loads((tmp_path / "mhc_tma_ab.json").read_text())["rows"]
+    assert len(rows) == 4 and all(not r["errors"] for r in rows)
+    # a tiling whose chunks do not cover H exactly is refused, not run past the stream's end
+    x, fn, sc, base, nw, _ = m.make_inputs(17, 96, "cpu", seed=0, weight_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do not tile it"):
+        m.TmaPre(x, fn, sc, base, nw, (16, 64, 1, 1, 4), 132)

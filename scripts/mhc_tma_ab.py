@@ -1,0 +1,319 @@
+"""mhc_pre's launch 1 with TMA loads, a candidate for 33-512 tokens (where DeepGEMM's path is
+faster than ours): the token-row tensor-core partials with the streams' tiles and fn's bf16
+parts brought in by tensor descriptors, several chunks of h per program in a software pipeline
+(``tl.range(..., num_stages=)``), so the loads of the next chunks are in flight while this one's
+dots run, as DeepGEMM's pre-norm GEMM does. Nsight Compute had our partials at 64 tokens
+stalled on their loads (benchmarks/results/deepgemm_h100/mhc_ncu_T64.md). The finalize is the
+library's. A prototype: the kernel lives here until a GPU run shows it faster.
+
+    PYTHONPATH=src python3 scripts/mhc_tma_ab.py OUT_DIR [--tokens ...] [--widths ...]
+        [--engines vllm] [--seconds N]
+
+Each tiling is checked against the float64 reference first (post and comb within 1e-5, the
+layer input within 2 ulps), then timed in a CUDA graph (triton.testing.do_bench_cudagraph,
+median) beside the plan and the engines' DeepGEMM path (their peers as ``mhc_mid_t_ab.py``
+loads them); "+ split" rows include the launch that splits fn into its bf16 parts, the others
+split it once before timing (what a cached split of the weight would cost). Writes
+OUT_DIR/mhc_tma_ab.json and .md; exits non-zero if any tiling is off the reference.
+``--interpret`` (TRITON_INTERPRET=1, on a CPU): the correctness part alone at a tiny width.
+``--sass`` (on a CPU): each tiling compiled for sm_90 as mhc_partials_sass.py compiles the
+library's partials, a line per tiling (registers, spills, shared memory, TMA loads, barriers).
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mhc_mid_t_ab import check_pre, engine_peers  # noqa: E402
+from mhc_triton38_ab import EPS, ITERS, make_inputs  # noqa: E402
+
+from dsv4spec.bench import mhc as bench_mhc  # noqa: E402
+from dsv4spec.kernels import mhc as K  # noqa: E402
+from dsv4spec.kernels.mhc import (  # noqa: E402
+    _store_token_partials,
+    _token_grams_add,
+    _token_grams_zero,
+)
+
+TOKENS = (33, 48, 64, 128, 256, 512)
+WIDTHS = (7168, 4096)
+# name -> (block_t, block_k, chunks per program, pipeline stages, warps). 256 columns of the 4
+# streams a program (112 programs at H 7168 and 64 tokens, as DeepGEMM's split) in 16-, 32- and
+# 64-wide chunks, and 512 (56 programs, deeper pipelines)
+TILINGS = {
+    "tma t64 k16 c4 s4": (64, 16, 4, 4, 4),
+    "tma t64 k32 c2 s2": (64, 32, 2, 2, 4),
+    "tma t64 k64 c1 s1": (64, 64, 1, 1, 4),
+    "tma t64 k32 c4 s4": (64, 32, 4, 4, 4),
+    "tma t64 k64 c2 s2 w8": (64, 64, 2, 2, 8),
+    "tma t128 k32 c2 s2 w8": (128, 32, 2, 2, 8),
+}
+
+
+@triton.jit
+def _stream_part_dots(acc, xt, parts_desc, row, H):
+    # xt [BLOCK_T, BLOCK_K] times the stream's [BLOCK_K, 32] tiles of fn's parts (rows j >= 24
+    # zero), smallest part first, from zero; then added to acc in fp32 (the library's
+    # _token_row_dots with its PRESPLIT parts)
+    lo = parts_desc.load([row + 8 * H, 0])
+    mid = parts_desc.load([row + 4 * H, 0])
+    hi = parts_desc.load([row, 0])
+    return acc + tl.dot(xt, hi, tl.dot(xt, mid, tl.dot(xt, lo)))
+
+
+@triton.jit
+def _partials_tma_kernel(
+    x_desc, parts_desc, ws_ptr, T, H, NUM_SPLITS, stride_wt, stride_wk,
+    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    # x_desc: the streams as [T, 4H] (row t, column i * H + h), [BLOCK_T, BLOCK_K] boxes; rows
+    # past T come back zero. parts_desc: fn's parts as [3 * 4H, 32] (hi, mid, lo), [BLOCK_K,
+    # 32] boxes. Every chunk of h lies inside its stream: H is a multiple of BLOCK_K and the
+    # splits cover the chunks exactly (the host checks both).
+    pid = tl.program_id(0).to(tl.int64)
+    split = pid % NUM_SPLITS
+    t0 = ((pid // NUM_SPLITS) * BLOCK_T).to(tl.int32)
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
+    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
+    for c in tl.range(0, CHUNKS_PER_SPLIT, num_stages=STAGES):
+        h0 = ((split * CHUNKS_PER_SPLIT + c) * BLOCK_K).to(tl.int32)
+        x0 = x_desc.load([t0, h0])
+        x1 = x_desc.load([t0, H + h0])
+        x2 = x_desc.load([t0, 2 * H + h0])
+        x3 = x_desc.load([t0, 3 * H + h0])
+        acc = _stream_part_dots(acc, x0, parts_desc, h0, H)
+        acc = _stream_part_dots(acc, x1, parts_desc, H + h0, H)
+        acc = _stream_part_dots(acc, x2, parts_desc, 2 * H + h0, H)
+        acc = _stream_part_dots(acc, x3, parts_desc, 3 * H + h0, H)
+        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_add(
+            g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3, GRAM)
+    _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
+                          g33, g01, g02, g03, g12, g13, g23, GRAM)
+
+
+class TmaPre:
+    """mhc_pre with the TMA partials for one shape and tiling: buffers, descriptors and the
+    finalize's plan made once (``__init__``), then ``split()`` (fn into its bf16 parts) and
+    ``__call__`` (launch 1 and the finalize) per call."""
+
+    def __init__(self, x, fn, hc_scale, hc_base, norm_weight, tiling, num_sms):
+        block_t, block_k, chunks, stages, warps = tiling
+        T, _, H = x.shape
+        n_chunks = triton.cdiv(H, block_k)
+        if H % block_k or n_chunks % chunks:
+            raise ValueError(f"H = {H}: {block_k}-wide chunks, {chunks} a program, do not tile it")
+        self.x, self.fn, self.scale, self.base, self.weight = x, fn, hc_scale, hc_base, norm_weight
+        self.T, self.H, self.num_splits = T, H, n_chunks // chunks
+        self.cfg = K.tiling(T, H, num_sms, dtype=torch.bfloat16, mma=True, token_rows=True,
+                            presplit=True, block_t=block_t, block_k=block_k,
+                            num_splits=self.num_splits, on_gpu=x.is_cuda)
+        rmsnorm = norm_weight is not None
+        self.ws = torch.empty((T, K.NMIX + (10 if rmsnorm else 4), self.num_splits),
+                              dtype=torch.float32, device=x.device)
+        self.parts = torch.empty((3, 4 * H, 32), dtype=torch.bfloat16, device=x.device)
+        self.x_desc = TensorDescriptor(x.view(T, 4 * H), [T, 4 * H], [4 * H, 1],
+                                       [block_t, block_k])
+        self.parts_desc = TensorDescriptor(self.parts.view(12 * H, 32), [12 * H, 32], [32, 1],
+                                           [block_k, 32])
+        self.grid = (triton.cdiv(T, block_t) * self.num_splits,)
+        self.constexprs = {"GRAM": rmsnorm, "CHUNKS_PER_SPLIT": chunks, "BLOCK_T": block_t,
+                           "BLOCK_K": block_k, "STAGES": stages}
+        self.warps = warps
+        self.out = K.pre_outputs(x, T, H)
+
+    def split(self) -> None:
+        K._split_fn_kernel[(triton.cdiv(4 * self.H, 64),)](
+            self.fn, self.parts, 4 * self.H, self.fn.stride(0), BLOCK_C=64, num_warps=4)
+
+    def __call__(self, split: bool = True):
+        if split:
+            self.split()
+        T, H, cfg, ws = self.T, self.H, self.cfg, self.ws
+        _partials_tma_kernel[self.grid](
+            self.x_desc, self.parts_desc, ws, T, H, self.num_splits, ws.stride(0), ws.stride(1),
+            **self.constexprs, num_warps=self.warps)
+        rmsnorm = self.weight is not None
+        post, comb, y = self.out
+        num_hblocks = triton.cdiv(H, cfg.block_h)
+        K._mhc_finalize_kernel[(T * (num_hblocks + 1),)](
+            self.x, ws, self.scale, self.base, self.weight if rmsnorm else self.base, post, comb,
+            y, T, H, self.num_splits, num_hblocks, EPS["rms_eps"], EPS["hc_eps"], 1e-6, 2.0,
+            ws.stride(0), ws.stride(1),
+            **K.finalize_constexprs(cfg, ITERS, rmsnorm, False, False, K.fast_math(self.x),
+                                    K.NMIX),
+            num_warps=cfg.finalize_warps)
+        return self.out
+
+
+def compile_report(tokens, widths) -> int:
+    """Each tiling compiled for sm_90 over mhc_partials_sass.py's stand-in driver, a line each;
+    the number of tilings that failed to compile."""
+    import tempfile
+
+    from mhc_partials_sass import SM90, summary
+    from triton.runtime import driver
+
+    driver.set_active(SM90())
+    print("triton", triton.__version__, "torch", torch.__version__, flush=True)
+    failures = 0
+    with tempfile.TemporaryDirectory() as out:
+        for (T, H), (name, (bt, bk, chunks, stages, warps)) in itertools.product(
+                itertools.product(tokens, widths), TILINGS.items()):
+            num_splits = H // bk // chunks
+            x, parts = torch.empty(T, 4 * H, dtype=torch.bfloat16), torch.empty(
+                12 * H, 32, dtype=torch.bfloat16)
+            ws = torch.empty(T, K.NMIX + 10, num_splits)
+            tag = f"pre T{T} H{H} {name} ({num_splits * triton.cdiv(T, bt)} programs)"
+            try:
+                compiled = _partials_tma_kernel.warmup(
+                    TensorDescriptor(x, [T, 4 * H], [4 * H, 1], [bt, bk]),
+                    TensorDescriptor(parts, [12 * H, 32], [32, 1], [bk, 32]), ws, T, H,
+                    num_splits, ws.stride(0), ws.stride(1), GRAM=True, CHUNKS_PER_SPLIT=chunks,
+                    BLOCK_T=bt, BLOCK_K=bk, STAGES=stages, grid=(1,), num_warps=warps)
+                row = summary(out, compiled, tag)
+            except Exception as err:  # noqa: BLE001 - a tiling that does not compile
+                failures += 1
+                print(f"{tag}: FAILED {type(err).__name__}: {str(err)[:300]}", flush=True)
+                continue
+            print(f"{tag}: " + " ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    return failures
+
+
+def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
+    lines = [f"# mhc_pre's partials with TMA loads at 33-512 tokens, CUDA graph median (µs): "
+             f"{meta['device']}, torch {meta['torch']}, Triton {meta['triton']}; engines with "
+             f"DeepGEMM on", "",
+             "| H | T | faster engine | planned | best TMA (fn split cached) | its tiling | "
+             "best TMA + split | faster engine / best TMA |", "|---|---|---|---|---|---|---|---|"]
+    for H, T in sorted({(r["H"], r["T"]) for r in rows}):
+        here = [r for r in rows if (r["H"], r["T"]) == (H, T) and "us" in r and not r["errors"]]
+        eng = min((r["us"] for r in here if r["tiling"] in ("vllm", "sglang")), default=None)
+        planned = next((r["us"] for r in here if r["tiling"] == "planned"), None)
+        tma = [r for r in here if r["tiling"].startswith("tma") and not r.get("split")]
+        split = [r for r in here if r["tiling"].startswith("tma") and r.get("split")]
+        best = min(tma, key=lambda r: r["us"], default=None)
+        best_split = min((r["us"] for r in split), default=None)
+        ratio = f"{eng / best['us']:.2f}x" if eng and best else "-"
+        lines.append(f"| {H} | {T} | {eng or '-'} | {planned or '-'} | "
+                     f"{best['us'] if best else '-'} | {best['tiling'] if best else '-'} | "
+                     f"{best_split or '-'} | {ratio} |")
+    lines += ["", "Every tiling's row is in the JSON beside this file."]
+    lines += [f"- FAILURE {s}" for s in failures]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir", nargs="?")
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
+    ap.add_argument("--engines", nargs="*", default=["vllm"], choices=["vllm", "sglang"])
+    ap.add_argument("--rep", type=int, default=10, help="do_bench_cudagraph's rep (ms)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="time no new point after this many seconds")
+    ap.add_argument("--interpret", action="store_true",
+                    help="correctness only, tiny width, on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--sass", action="store_true",
+                    help="compile each tiling for sm_90 on a CPU and report it; nothing runs")
+    args = ap.parse_args(argv)
+    if args.sass:
+        return 1 if compile_report(args.tokens, args.widths) else 0
+    interpret = args.interpret
+    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("--interpret needs TRITON_INTERPRET=1")
+    if not interpret and (args.out_dir is None or not torch.cuda.is_available()):
+        ap.error("needs OUT_DIR and a CUDA GPU (or --interpret)")
+    if interpret and not K.interpreter_multiplies_bf16():
+        ap.error("this interpreter multiplies bf16 dots as bits (tests/conftest.py patches it)")
+    device = "cpu" if interpret else "cuda"
+    num_sms = 132 if interpret else K.num_sms(torch.cuda.current_device())
+    points = ([(17, 128), (40, 256)] if interpret
+              else list(itertools.product(args.tokens, args.widths)))
+    tilings = ({"tma t16 k32 c2 s2": (16, 32, 2, 2, 4), "tma t64 k64 c2 s2": (64, 64, 2, 2, 4)}
+               if interpret else TILINGS)
+    start = time.time()
+    rows, failures = [], []
+    meta = {"torch": torch.__version__, "triton": triton.__version__,
+            "device": "interpreter" if interpret else torch.cuda.get_device_name(),
+            "rep_ms": args.rep}
+
+    def write() -> None:
+        if not args.out_dir:
+            return
+        os.makedirs(args.out_dir, exist_ok=True)
+        meta["seconds"] = round(time.time() - start, 1)
+        with open(os.path.join(args.out_dir, "mhc_tma_ab.json"), "w") as fh:
+            json.dump({"meta": meta, "rows": rows, "failures": failures}, fh, indent=1)
+        with open(os.path.join(args.out_dir, "mhc_tma_ab.md"), "w") as fh:
+            fh.write(markdown(meta, rows, failures))
+
+    def bench(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        return round(1e3 * triton.testing.do_bench_cudagraph(fn, rep=args.rep,
+                                                             return_mode="median"), 3)
+
+    peers = {} if interpret else engine_peers(args.engines)
+    for T, H in points:
+        if args.seconds is not None and time.time() - start > args.seconds:
+            print(f"past --seconds: T={T} H={H} and after not timed", flush=True)
+            break
+        x, fn, sc, base, nw, _ = make_inputs(T, H, device, seed=1000 * T + H,
+                                             weight_dtype=torch.bfloat16)
+        kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
+        pargs = (EPS["rms_eps"], EPS["hc_eps"], ITERS, 2.0, nw, 1e-6)
+        if not interpret:
+            out = K.pre_outputs(x, T, H)
+            rows.append({"T": T, "H": H, "tiling": "planned", "errors": [], "us": bench(
+                lambda: K.mhc_pre_triton(x, fn, sc, base, *pargs, out=out))})
+        for name, tiling in tilings.items():
+            row = {"T": T, "H": H, "tiling": name, "tile": tiling}
+            try:
+                op = TmaPre(x, fn, sc, base, nw, tiling, num_sms)
+                row["errors"] = check_pre(op(), x, fn, sc, base, kw)
+                if not interpret:
+                    row["us"] = bench(lambda op=op: op(split=False))
+                    row["errors"] += check_pre(op.out, x, fn, sc, base, kw)
+                    rows.append({**row, "tiling": name + " + split", "split": True,
+                                 "us": bench(op)})
+            except Exception as err:  # noqa: BLE001 - a tiling that fails to compile or tile
+                row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
+            if row["errors"]:
+                failures.append(f"T={T} H={H} {name}: " + "; ".join(row["errors"]))
+                print("WRONG", failures[-1], file=sys.stderr, flush=True)
+            rows.append(row)
+            print(f"T={T} H={H} {name}: " + (f"{row['us']:.2f} us" if "us" in row
+                                             else "checked")
+                  + (" WRONG" if row["errors"] else ""), flush=True)
+        if peers:
+            inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
+            for engine, (peer, make) in peers.items():
+                try:
+                    us = bench(make(peer, "pre", inputs, True))
+                    rows.append({"T": T, "H": H, "tiling": engine, "us": us, "errors": []})
+                    print(f"T={T} H={H} {engine}: {us:.2f} us", flush=True)
+                except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+                    print(f"T={T} H={H} {engine}: failed ({err})", flush=True)
+        write()
+    write()
+    print(markdown(meta, rows, failures) if not interpret else json.dumps(
+        {"checked": len(rows), "failures": failures}))
+    if failures:
+        print(f"FAILED: {len(failures)} tilings off the reference", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
