@@ -1,23 +1,26 @@
-"""mhc_pre's launch 1 with TMA loads, a candidate for 33-512 tokens (where DeepGEMM's path is
-faster than ours): the token-row tensor-core partials with the streams' tiles and fn's bf16
-parts brought in by tensor descriptors, several chunks of h per program in a software pipeline
-(``tl.range(..., num_stages=)``), so the loads of the next chunks are in flight while this one's
-dots run, as DeepGEMM's pre-norm GEMM does. Nsight Compute had our partials at 64 tokens
-stalled on their loads (benchmarks/results/deepgemm_h100/mhc_ncu_T64.md). The finalize is the
-library's. A prototype: the kernel lives here until a GPU run shows it faster.
+"""mhc_pre's and the boundary's launch 1 with TMA loads, a candidate for 33-512 tokens (where
+DeepGEMM's path is faster than ours): the token-row tensor-core partials with the streams' tiles
+(and the boundary's f) and fn's bf16 parts brought in by tensor descriptors, several chunks of h
+per program in a software pipeline (``tl.range(..., num_stages=)``), so the loads of the next
+chunks are in flight while this one's dots run, as DeepGEMM's pre-norm GEMM does. Nsight Compute
+had our partials at 64 tokens stalled on their loads
+(benchmarks/results/deepgemm_h100/mhc_ncu_T64.md). The finalize is the library's. A prototype:
+the kernel lives here until a GPU run shows it faster.
 
-    PYTHONPATH=src python3 scripts/mhc_tma_ab.py OUT_DIR [--tokens ...] [--widths ...]
-        [--engines vllm] [--seconds N]
+    PYTHONPATH=src python3 scripts/mhc_tma_ab.py OUT_DIR [--ops pre post_pre] [--tokens ...]
+        [--widths ...] [--engines vllm] [--seconds N]
 
-Each tiling is checked against the float64 reference first (post and comb within 1e-5, the
-layer input within 2 ulps), then timed in a CUDA graph (triton.testing.do_bench_cudagraph,
-median) beside the plan and the engines' DeepGEMM path (their peers as ``mhc_mid_t_ab.py``
-loads them); "+ split" rows include the launch that splits fn into its bf16 parts, the others
-split it once before timing (what a cached split of the weight would cost). Writes
-OUT_DIR/mhc_tma_ab.json and .md; exits non-zero if any tiling is off the reference.
-``--interpret`` (TRITON_INTERPRET=1, on a CPU): the correctness part alone at a tiny width.
-``--sass`` (on a CPU): each tiling compiled for sm_90 as mhc_partials_sass.py compiles the
-library's partials, a line per tiling (registers, spills, shared memory, TMA loads, barriers).
+Each tiling is checked against the float64 references first (post and comb within 1e-5, the
+layer input within 2 ulps; the boundary's new residual within 1 ulp, its pre against the pre of
+that residual, as tests/ops/test_mhc.py's assert_boundary_close), then timed in a CUDA graph
+(triton.testing.do_bench_cudagraph, median) beside the plan and the engines' DeepGEMM path
+(their peers as ``mhc_mid_t_ab.py`` loads them); "+ split" rows include the launch that splits
+fn into its bf16 parts, the others split it once before timing (what a cached split of the
+weight would cost). Writes OUT_DIR/mhc_tma_ab.json and .md; exits non-zero if any tiling is off
+the reference. ``--interpret`` (TRITON_INTERPRET=1, on a CPU): the correctness part alone at a
+tiny width. ``--sass`` (on a CPU): each tiling compiled for sm_90 as mhc_partials_sass.py
+compiles the library's partials, a line per tiling (registers, spills, shared memory, TMA loads,
+barriers).
 """
 
 import argparse
@@ -34,11 +37,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mhc_mid_t_ab import check_pre, engine_peers  # noqa: E402
-from mhc_triton38_ab import EPS, ITERS, make_inputs  # noqa: E402
+from mhc_triton38_ab import EPS, ITERS, check, make_inputs  # noqa: E402
 
 from dsv4spec.bench import mhc as bench_mhc  # noqa: E402
 from dsv4spec.kernels import mhc as K  # noqa: E402
 from dsv4spec.kernels.mhc import (  # noqa: E402
+    _load_mixes,
+    _store_new_residual,
     _store_token_partials,
     _token_grams_add,
     _token_grams_zero,
@@ -46,9 +51,11 @@ from dsv4spec.kernels.mhc import (  # noqa: E402
 
 TOKENS = (33, 48, 64, 128, 256, 512)
 WIDTHS = (7168, 4096)
+OPS = ("pre", "post_pre")
 # name -> (block_t, block_k, chunks per program, pipeline stages, warps). 256 columns of the 4
 # streams a program (112 programs at H 7168 and 64 tokens, as DeepGEMM's split) in 16-, 32- and
-# 64-wide chunks, and 512 (56 programs, deeper pipelines)
+# 64-wide chunks, and 512 (56 programs, deeper pipelines); 8 warps for the boundary, whose mix
+# spills with 4 at 32- and 64-wide chunks (results/mhc/mhc_tma_partials_sass_triton3.6.txt)
 TILINGS = {
     "tma t64 k16 c4 s4": (64, 16, 4, 4, 4),
     "tma t64 k32 c2 s2": (64, 32, 2, 2, 4),
@@ -56,6 +63,8 @@ TILINGS = {
     "tma t64 k32 c4 s4": (64, 32, 4, 4, 4),
     "tma t64 k64 c2 s2 w8": (64, 64, 2, 2, 8),
     "tma t128 k32 c2 s2 w8": (128, 32, 2, 2, 8),
+    "tma t64 k16 c4 s4 w8": (64, 16, 4, 4, 8),
+    "tma t64 k32 c2 s2 w8": (64, 32, 2, 2, 8),
 }
 
 
@@ -72,18 +81,25 @@ def _stream_part_dots(acc, xt, parts_desc, row, H):
 
 @triton.jit
 def _partials_tma_kernel(
-    x_desc, parts_desc, ws_ptr, T, H, NUM_SPLITS, stride_wt, stride_wk,
-    GRAM: tl.constexpr, CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    x_desc, f_desc, parts_desc, post_ptr, comb_ptr, xnew_ptr, ws_ptr, T, H, NUM_SPLITS,
+    stride_wt, stride_wk, POST: tl.constexpr, GRAM: tl.constexpr,
+    CHUNKS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # x_desc: the streams as [T, 4H] (row t, column i * H + h), [BLOCK_T, BLOCK_K] boxes; rows
     # past T come back zero. parts_desc: fn's parts as [3 * 4H, 32] (hi, mid, lo), [BLOCK_K,
     # 32] boxes. Every chunk of h lies inside its stream: H is a multiple of BLOCK_K and the
-    # splits cover the chunks exactly (the host checks both).
+    # splits cover the chunks exactly (the host checks both). With POST the new residual is
+    # formed in registers from f_desc's [T, H] tiles and the previous post and comb, stored
+    # (explicit fmas, as the library's token-row partials) and is itself the dots' tile.
     pid = tl.program_id(0).to(tl.int64)
     split = pid % NUM_SPLITS
     t0 = ((pid // NUM_SPLITS) * BLOCK_T).to(tl.int32)
     offs_t = t0 + tl.arange(0, BLOCK_T)
+    tt = offs_t[:, None]
+    mt = tt < T
+    if POST:
+        mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
     g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
     for c in tl.range(0, CHUNKS_PER_SPLIT, num_stages=STAGES):
@@ -92,6 +108,12 @@ def _partials_tma_kernel(
         x1 = x_desc.load([t0, H + h0])
         x2 = x_desc.load([t0, 2 * H + h0])
         x3 = x_desc.load([t0, 3 * H + h0])
+        if POST:
+            hh = h0 + tl.arange(0, BLOCK_K)[None, :]
+            fv = f_desc.load([t0, h0]).to(tl.float32)
+            x0, x1, x2, x3 = _store_new_residual(
+                xnew_ptr, tt * (4 * H) + hh, H, mt, mixes, fv, x0.to(tl.float32),
+                x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32), True)
         acc = _stream_part_dots(acc, x0, parts_desc, h0, H)
         acc = _stream_part_dots(acc, x1, parts_desc, H + h0, H)
         acc = _stream_part_dots(acc, x2, parts_desc, 2 * H + h0, H)
@@ -102,12 +124,13 @@ def _partials_tma_kernel(
                           g33, g01, g02, g03, g12, g13, g23, GRAM)
 
 
-class TmaPre:
-    """mhc_pre with the TMA partials for one shape and tiling: buffers, descriptors and the
+class TmaOp:
+    """mhc_pre (``boundary`` None) or the boundary (``boundary = (f, post, comb)``, x the
+    residual) with the TMA partials, for one shape and tiling: buffers, descriptors and the
     finalize's plan made once (``__init__``), then ``split()`` (fn into its bf16 parts) and
-    ``__call__`` (launch 1 and the finalize) per call."""
+    ``__call__`` (launch 1 and the finalize) per call; ``out`` as the library's op returns it."""
 
-    def __init__(self, x, fn, hc_scale, hc_base, norm_weight, tiling, num_sms):
+    def __init__(self, x, fn, hc_scale, hc_base, norm_weight, tiling, num_sms, boundary=None):
         block_t, block_k, chunks, stages, warps = tiling
         T, _, H = x.shape
         n_chunks = triton.cdiv(H, block_k)
@@ -115,9 +138,11 @@ class TmaPre:
             raise ValueError(f"H = {H}: {block_k}-wide chunks, {chunks} a program, do not tile it")
         self.x, self.fn, self.scale, self.base, self.weight = x, fn, hc_scale, hc_base, norm_weight
         self.T, self.H, self.num_splits = T, H, n_chunks // chunks
+        self.boundary = boundary
         self.cfg = K.tiling(T, H, num_sms, dtype=torch.bfloat16, mma=True, token_rows=True,
                             presplit=True, block_t=block_t, block_k=block_k,
-                            num_splits=self.num_splits, on_gpu=x.is_cuda)
+                            num_splits=self.num_splits, on_gpu=x.is_cuda,
+                            boundary=boundary is not None)
         rmsnorm = norm_weight is not None
         self.ws = torch.empty((T, K.NMIX + (10 if rmsnorm else 4), self.num_splits),
                               dtype=torch.float32, device=x.device)
@@ -126,11 +151,20 @@ class TmaPre:
                                        [block_t, block_k])
         self.parts_desc = TensorDescriptor(self.parts.view(12 * H, 32), [12 * H, 32], [32, 1],
                                            [block_k, 32])
+        if boundary is None:
+            self.f_desc, self.post, self.comb = self.x_desc, hc_scale, hc_scale  # unused
+            self.new = x
+            self.out = K.pre_outputs(x, T, H)
+        else:
+            f, self.post, self.comb = boundary
+            self.f_desc = TensorDescriptor(f, [T, H], [H, 1], [block_t, block_k])
+            self.new = torch.empty_like(x)
+            self.out = (self.new, *K.pre_outputs(x, T, H))
         self.grid = (triton.cdiv(T, block_t) * self.num_splits,)
-        self.constexprs = {"GRAM": rmsnorm, "CHUNKS_PER_SPLIT": chunks, "BLOCK_T": block_t,
-                           "BLOCK_K": block_k, "STAGES": stages}
+        self.constexprs = {"POST": boundary is not None, "GRAM": rmsnorm,
+                           "CHUNKS_PER_SPLIT": chunks, "BLOCK_T": block_t, "BLOCK_K": block_k,
+                           "STAGES": stages}
         self.warps = warps
-        self.out = K.pre_outputs(x, T, H)
 
     def split(self) -> None:
         K._split_fn_kernel[(triton.cdiv(4 * self.H, 64),)](
@@ -141,17 +175,18 @@ class TmaPre:
             self.split()
         T, H, cfg, ws = self.T, self.H, self.cfg, self.ws
         _partials_tma_kernel[self.grid](
-            self.x_desc, self.parts_desc, ws, T, H, self.num_splits, ws.stride(0), ws.stride(1),
-            **self.constexprs, num_warps=self.warps)
+            self.x_desc, self.f_desc, self.parts_desc, self.post, self.comb, self.new, ws, T, H,
+            self.num_splits, ws.stride(0), ws.stride(1), **self.constexprs,
+            num_warps=self.warps)
         rmsnorm = self.weight is not None
-        post, comb, y = self.out
+        post, comb, y = self.out[-3:]
         num_hblocks = triton.cdiv(H, cfg.block_h)
         K._mhc_finalize_kernel[(T * (num_hblocks + 1),)](
-            self.x, ws, self.scale, self.base, self.weight if rmsnorm else self.base, post, comb,
-            y, T, H, self.num_splits, num_hblocks, EPS["rms_eps"], EPS["hc_eps"], 1e-6, 2.0,
-            ws.stride(0), ws.stride(1),
-            **K.finalize_constexprs(cfg, ITERS, rmsnorm, False, False, K.fast_math(self.x),
-                                    K.NMIX),
+            self.new, ws, self.scale, self.base, self.weight if rmsnorm else self.base, post,
+            comb, y, T, H, self.num_splits, num_hblocks, EPS["rms_eps"], EPS["hc_eps"], 1e-6,
+            2.0, ws.stride(0), ws.stride(1),
+            **K.finalize_constexprs(cfg, ITERS, rmsnorm, self.boundary is not None, False,
+                                    K.fast_math(self.x), K.NMIX),
             num_warps=cfg.finalize_warps)
         return self.out
 
@@ -168,19 +203,23 @@ def compile_report(tokens, widths) -> int:
     print("triton", triton.__version__, "torch", torch.__version__, flush=True)
     failures = 0
     with tempfile.TemporaryDirectory() as out:
-        for (T, H), (name, (bt, bk, chunks, stages, warps)) in itertools.product(
-                itertools.product(tokens, widths), TILINGS.items()):
+        for (op, T, H), (name, (bt, bk, chunks, stages, warps)) in itertools.product(
+                itertools.product(OPS, tokens, widths), TILINGS.items()):
             num_splits = H // bk // chunks
-            x, parts = torch.empty(T, 4 * H, dtype=torch.bfloat16), torch.empty(
-                12 * H, 32, dtype=torch.bfloat16)
-            ws = torch.empty(T, K.NMIX + 10, num_splits)
-            tag = f"pre T{T} H{H} {name} ({num_splits * triton.cdiv(T, bt)} programs)"
+            x = torch.empty(T, 4 * H, dtype=torch.bfloat16)
+            f = torch.empty(T, H, dtype=torch.bfloat16)
+            parts = torch.empty(12 * H, 32, dtype=torch.bfloat16)
+            post, comb, ws = torch.empty(T, 4), torch.empty(T, 4, 4), torch.empty(
+                T, K.NMIX + 10, num_splits)
+            tag = f"{op} T{T} H{H} {name} ({num_splits * triton.cdiv(T, bt)} programs)"
             try:
                 compiled = _partials_tma_kernel.warmup(
                     TensorDescriptor(x, [T, 4 * H], [4 * H, 1], [bt, bk]),
-                    TensorDescriptor(parts, [12 * H, 32], [32, 1], [bk, 32]), ws, T, H,
-                    num_splits, ws.stride(0), ws.stride(1), GRAM=True, CHUNKS_PER_SPLIT=chunks,
-                    BLOCK_T=bt, BLOCK_K=bk, STAGES=stages, grid=(1,), num_warps=warps)
+                    TensorDescriptor(f, [T, H], [H, 1], [bt, bk]),
+                    TensorDescriptor(parts, [12 * H, 32], [32, 1], [bk, 32]), post, comb,
+                    torch.empty_like(x), ws, T, H, num_splits, ws.stride(0), ws.stride(1),
+                    POST=op == "post_pre", GRAM=True, CHUNKS_PER_SPLIT=chunks, BLOCK_T=bt,
+                    BLOCK_K=bk, STAGES=stages, grid=(1,), num_warps=warps)
                 row = summary(out, compiled, tag)
             except Exception as err:  # noqa: BLE001 - a tiling that does not compile
                 failures += 1
@@ -191,13 +230,15 @@ def compile_report(tokens, widths) -> int:
 
 
 def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
-    lines = [f"# mhc_pre's partials with TMA loads at 33-512 tokens, CUDA graph median (µs): "
-             f"{meta['device']}, torch {meta['torch']}, Triton {meta['triton']}; engines with "
-             f"DeepGEMM on", "",
-             "| H | T | faster engine | planned | best TMA (fn split cached) | its tiling | "
-             "best TMA + split | faster engine / best TMA |", "|---|---|---|---|---|---|---|---|"]
-    for H, T in sorted({(r["H"], r["T"]) for r in rows}):
-        here = [r for r in rows if (r["H"], r["T"]) == (H, T) and "us" in r and not r["errors"]]
+    lines = [f"# mhc_pre and the boundary with TMA partials at 33-512 tokens, CUDA graph median "
+             f"(µs): {meta['device']}, torch {meta['torch']}, Triton {meta['triton']}; engines "
+             f"with DeepGEMM on", "",
+             "| op | H | T | faster engine | planned | best TMA (fn split cached) | its tiling | "
+             "best TMA + split | faster engine / best TMA |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for op, H, T in sorted({(r["op"], r["H"], r["T"]) for r in rows}):
+        here = [r for r in rows if (r["op"], r["H"], r["T"]) == (op, H, T) and "us" in r
+                and not r["errors"]]
         eng = min((r["us"] for r in here if r["tiling"] in ("vllm", "sglang")), default=None)
         planned = next((r["us"] for r in here if r["tiling"] == "planned"), None)
         tma = [r for r in here if r["tiling"].startswith("tma") and not r.get("split")]
@@ -205,7 +246,7 @@ def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
         best = min(tma, key=lambda r: r["us"], default=None)
         best_split = min((r["us"] for r in split), default=None)
         ratio = f"{eng / best['us']:.2f}x" if eng and best else "-"
-        lines.append(f"| {H} | {T} | {eng or '-'} | {planned or '-'} | "
+        lines.append(f"| {op} | {H} | {T} | {eng or '-'} | {planned or '-'} | "
                      f"{best['us'] if best else '-'} | {best['tiling'] if best else '-'} | "
                      f"{best_split or '-'} | {ratio} |")
     lines += ["", "Every tiling's row is in the JSON beside this file."]
@@ -218,6 +259,7 @@ def main(argv=None) -> int:
     ap.add_argument("out_dir", nargs="?")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     ap.add_argument("--engines", nargs="*", default=["vllm"], choices=["vllm", "sglang"])
     ap.add_argument("--rep", type=int, default=10, help="do_bench_cudagraph's rep (ms)")
     ap.add_argument("--seconds", type=float, default=None,
@@ -269,42 +311,63 @@ def main(argv=None) -> int:
         if args.seconds is not None and time.time() - start > args.seconds:
             print(f"past --seconds: T={T} H={H} and after not timed", flush=True)
             break
-        x, fn, sc, base, nw, _ = make_inputs(T, H, device, seed=1000 * T + H,
+        x, fn, sc, base, nw, f = make_inputs(T, H, device, seed=1000 * T + H,
                                              weight_dtype=torch.bfloat16)
         kw = {**EPS, "sinkhorn_iters": ITERS, "norm_weight": nw, "norm_eps": 1e-6}
         pargs = (EPS["rms_eps"], EPS["hc_eps"], ITERS, 2.0, nw, 1e-6)
-        if not interpret:
-            out = K.pre_outputs(x, T, H)
-            rows.append({"T": T, "H": H, "tiling": "planned", "errors": [], "us": bench(
-                lambda: K.mhc_pre_triton(x, fn, sc, base, *pargs, out=out))})
-        for name, tiling in tilings.items():
-            row = {"T": T, "H": H, "tiling": name, "tile": tiling}
-            try:
-                op = TmaPre(x, fn, sc, base, nw, tiling, num_sms)
-                row["errors"] = check_pre(op(), x, fn, sc, base, kw)
-                if not interpret:
-                    row["us"] = bench(lambda op=op: op(split=False))
-                    row["errors"] += check_pre(op.out, x, fn, sc, base, kw)
-                    rows.append({**row, "tiling": name + " + split", "split": True,
-                                 "us": bench(op)})
-            except Exception as err:  # noqa: BLE001 - a tiling that fails to compile or tile
-                row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
-            if row["errors"]:
-                failures.append(f"T={T} H={H} {name}: " + "; ".join(row["errors"]))
-                print("WRONG", failures[-1], file=sys.stderr, flush=True)
-            rows.append(row)
-            print(f"T={T} H={H} {name}: " + (f"{row['us']:.2f} us" if "us" in row
-                                             else "checked")
-                  + (" WRONG" if row["errors"] else ""), flush=True)
-        if peers:
-            inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
+        post, comb, _ = K.mhc_pre_triton(x, fn, sc, base, *pargs)  # the boundary's inputs
+        engine_inputs = None
+        for op_name in args.ops:
+            boundary = (f, post, comb) if op_name == "post_pre" else None
+
+            def errors_of(got, boundary=boundary):
+                if boundary is None:
+                    return check_pre(got, x, fn, sc, base, kw)
+                return check(got, f, x, post, comb, fn, sc, base, kw)
+
+            if not interpret:
+                if boundary is None:
+                    out = K.pre_outputs(x, T, H)
+
+                    def planned(out=out):
+                        return K.mhc_pre_triton(x, fn, sc, base, *pargs, out=out)
+                else:
+                    out = (torch.empty_like(x), *K.pre_outputs(x, T, H))
+
+                    def planned(out=out):
+                        return K.mhc_post_pre_triton(f, x, post, comb, fn, sc, base, *pargs,
+                                                     out=out)
+                rows.append({"op": op_name, "T": T, "H": H, "tiling": "planned",
+                             "errors": errors_of(planned()), "us": bench(planned)})
+            for name, tiling in tilings.items():
+                row = {"op": op_name, "T": T, "H": H, "tiling": name, "tile": tiling}
+                try:
+                    op = TmaOp(x, fn, sc, base, nw, tiling, num_sms, boundary)
+                    row["errors"] = errors_of(op())
+                    if not interpret:
+                        row["us"] = bench(lambda op=op: op(split=False))
+                        row["errors"] += errors_of(op.out)
+                        rows.append({**row, "tiling": name + " + split", "split": True,
+                                     "us": bench(op)})
+                except Exception as err:  # noqa: BLE001 - a tiling that fails to compile or tile
+                    row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
+                if row["errors"]:
+                    failures.append(f"{op_name} T={T} H={H} {name}: " + "; ".join(row["errors"]))
+                    print("WRONG", failures[-1], file=sys.stderr, flush=True)
+                rows.append(row)
+                print(f"{op_name} T={T} H={H} {name}: "
+                      + (f"{row['us']:.2f} us" if "us" in row else "checked")
+                      + (" WRONG" if row["errors"] else ""), flush=True)
+            if peers and engine_inputs is None:
+                engine_inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
             for engine, (peer, make) in peers.items():
                 try:
-                    us = bench(make(peer, "pre", inputs, True))
-                    rows.append({"T": T, "H": H, "tiling": engine, "us": us, "errors": []})
-                    print(f"T={T} H={H} {engine}: {us:.2f} us", flush=True)
+                    us = bench(make(peer, op_name, engine_inputs, True))
+                    rows.append({"op": op_name, "T": T, "H": H, "tiling": engine, "us": us,
+                                 "errors": []})
+                    print(f"{op_name} T={T} H={H} {engine}: {us:.2f} us", flush=True)
                 except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                    print(f"T={T} H={H} {engine}: failed ({err})", flush=True)
+                    print(f"{op_name} T={T} H={H} {engine}: failed ({err})", flush=True)
         write()
     write()
     print(markdown(meta, rows, failures) if not interpret else json.dumps(

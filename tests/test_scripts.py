@@ -177,11 +177,11 @@ def test_mhc_tma_ab_partials_match_the_float64_reference_in_the_interpreter(tmp_
     spec = importlib.util.spec_from_file_location("mhc_tma_ab", ROOT / "scripts/mhc_tma_ab.py")
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
-    # two widths, masked token blocks (17 of 32 and 40 of 64 rows), 2 chunks a program
+    # both ops, two widths, masked token blocks (17 of 32 and 40 of 64 rows), 2 chunks each
     assert m.main([str(tmp_path), "--interpret"]) == 0
     rows = json.loads((tmp_path / "mhc_tma_ab.json").read_text())["rows"]
-    assert len(rows) == 4 and all(not r["errors"] for r in rows)
+    assert len(rows) == 8 and all(not r["errors"] for r in rows)
     # a tiling whose chunks do not cover H exactly is refused, not run past the stream's end
     x, fn, sc, base, nw, _ = m.make_inputs(17, 96, "cpu", seed=0, weight_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="do not tile it"):
-        m.TmaPre(x, fn, sc, base, nw, (16, 64, 1, 1, 4), 132)
+        m.TmaOp(x, fn, sc, base, nw, (16, 64, 1, 1, 4), 132)
