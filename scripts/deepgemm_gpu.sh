@@ -121,19 +121,14 @@ for src in (tables.PACKAGED_DIR / tables.device_file_name(name, s) for s in (sta
         ${TUNE_HOOKS:+--hooks $TUNE_HOOKS} --out-dir "$OUT/tables" 2>&1 \
         | tee -a "$OUT/tune_off_$engine.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    mid-t)
-      step "scripts/mhc_mid_t_ab.py (17-512 tokens)"
+    mid-t|tma)
+      # mid-t: the plan beside the other tilings; tma: beside the TMA partials (a prototype)
+      script=$([ "$s" = tma ] && echo mhc_tma_ab || echo mhc_mid_t_ab)
+      step "scripts/$script.py (17-512 tokens)"
       left=$(seconds_left 30)
       engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
-      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_mid_t_ab.py "$OUT" --seconds $left \
-        --engines $engines 2>&1 | tee "$OUT/mhc_mid_t_ab.log" | tail -40
-      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    tma)
-      step "scripts/mhc_tma_ab.py (TMA partials, 33-512 tokens)"
-      left=$(seconds_left 30)
-      engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
-      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/mhc_tma_ab.py "$OUT" --seconds $left \
-        --engines $engines 2>&1 | tee "$OUT/mhc_tma_ab.log" | tail -20
+      PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/$script.py "$OUT" --seconds $left \
+        --engines $engines 2>&1 | tee "$OUT/$script.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)
       [ -n "$VLLM_DG" ] || echo "ncu: no vLLM DeepGEMM set up: ours alone"

@@ -106,8 +106,21 @@ def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def time_engines(peers: dict, op: str, T: int, H: int, inputs, rows: list, bench) -> None:
+    """A row per engine peer of ``op`` at (T, H) on bench mhc's ``inputs``; a peer that fails
+    is said and left out."""
+    for engine, (peer, make) in peers.items():
+        try:
+            us = bench(make(peer, op, inputs, True))
+            rows.append({"op": op, "T": T, "H": H, "tiling": engine, "us": us, "errors": []})
+            print(f"{op} T={T} H={H} {engine}: {us:.2f} us", flush=True)
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            print(f"{op} T={T} H={H} {engine}: failed ({err})", flush=True)
+
+
+def ab_parser(description: str) -> argparse.ArgumentParser:
+    """The options this program and mhc_tma_ab.py share."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out_dir", nargs="?")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
@@ -118,15 +131,19 @@ def main(argv=None) -> int:
                     help="time no new point after this many seconds")
     ap.add_argument("--interpret", action="store_true",
                     help="correctness only, tiny width, on the CPU (TRITON_INTERPRET=1)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def ab_run(ap: argparse.ArgumentParser, args, stem: str, markdown_of):
+    """Checks the machine against ``args`` (a CUDA GPU and OUT_DIR, or the interpreter) and
+    returns ``(device, meta, rows, failures, write, bench)``: ``write()`` puts the rows so far in
+    OUT_DIR/<stem>.json and .md (``markdown_of(meta, rows, failures)``), ``bench(fn)`` is fn's
+    CUDA-graph median in µs after one call."""
     interpret = args.interpret
     if interpret and os.environ.get("TRITON_INTERPRET") != "1":
         ap.error("--interpret needs TRITON_INTERPRET=1")
     if not interpret and (args.out_dir is None or not torch.cuda.is_available()):
         ap.error("needs OUT_DIR and a CUDA GPU (or --interpret)")
-    device = "cpu" if interpret else "cuda"
-    device_index = -1 if interpret else torch.cuda.current_device()
-    tokens, widths = ((17, 40), (72,)) if interpret else (args.tokens, args.widths)
     start = time.time()
     rows, failures = [], []
     meta = {"torch": torch.__version__, "triton": triton.__version__,
@@ -138,10 +155,28 @@ def main(argv=None) -> int:
             return
         os.makedirs(args.out_dir, exist_ok=True)
         meta["seconds"] = round(time.time() - start, 1)
-        with open(os.path.join(args.out_dir, "mhc_mid_t_ab.json"), "w") as fh:
+        with open(os.path.join(args.out_dir, stem + ".json"), "w") as fh:
             json.dump({"meta": meta, "rows": rows, "failures": failures}, fh, indent=1)
-        with open(os.path.join(args.out_dir, "mhc_mid_t_ab.md"), "w") as fh:
-            fh.write(markdown(meta, rows, failures))
+        with open(os.path.join(args.out_dir, stem + ".md"), "w") as fh:
+            fh.write(markdown_of(meta, rows, failures))
+
+    def bench(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        return round(1e3 * triton.testing.do_bench_cudagraph(fn, rep=args.rep,
+                                                             return_mode="median"), 3)
+
+    return "cpu" if interpret else "cuda", meta, rows, failures, write, bench
+
+
+def main(argv=None) -> int:
+    ap = ab_parser(__doc__.splitlines()[0])
+    args = ap.parse_args(argv)
+    interpret = args.interpret
+    device, meta, rows, failures, write, bench = ab_run(ap, args, "mhc_mid_t_ab", markdown)
+    start = time.time()
+    device_index = -1 if interpret else torch.cuda.current_device()
+    tokens, widths = ((17, 40), (72,)) if interpret else (args.tokens, args.widths)
 
     peers = {} if interpret else engine_peers(args.engines)
     stopped = False
@@ -194,9 +229,7 @@ def main(argv=None) -> int:
                 try:
                     row["errors"] = errors_of(call())
                     if not interpret:
-                        torch.cuda.synchronize()
-                        row["us"] = round(1e3 * triton.testing.do_bench_cudagraph(
-                            call, rep=args.rep, return_mode="median"), 3)
+                        row["us"] = bench(call)
                         row["errors"] += errors_of(out)  # after the replays
                 except Exception as err:  # noqa: BLE001 - a tiling that fails to compile
                     row["errors"] = [f"{type(err).__name__}: {str(err)[:300]}"]
@@ -209,18 +242,7 @@ def main(argv=None) -> int:
                       + (" WRONG" if row["errors"] else ""), flush=True)
             if peers and engine_inputs is None:  # bench mhc's inputs, made once per point
                 engine_inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
-            for engine, (peer, make) in peers.items():
-                ecall = make(peer, op, engine_inputs, True)
-                try:
-                    ecall()
-                    torch.cuda.synchronize()
-                    us = round(1e3 * triton.testing.do_bench_cudagraph(
-                        ecall, rep=args.rep, return_mode="median"), 3)
-                    rows.append({"op": op, "T": T, "H": H, "tiling": engine, "us": us,
-                                 "errors": []})
-                    print(f"{op} T={T} H={H} {engine}: {us:.2f} us", flush=True)
-                except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                    print(f"{op} T={T} H={H} {engine}: failed ({err})", flush=True)
+            time_engines(peers, op, T, H, engine_inputs, rows, bench)
             write()
     write()  # also where --seconds stopped the run before its first point
     print(markdown(meta, rows, failures) if not interpret else json.dumps(meta))

@@ -23,7 +23,6 @@ compiles the library's partials, a line per tiling (registers, spills, shared me
 barriers).
 """
 
-import argparse
 import itertools
 import json
 import os
@@ -36,7 +35,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mhc_mid_t_ab import check_pre, engine_peers  # noqa: E402
+from mhc_mid_t_ab import (  # noqa: E402
+    ab_parser,
+    ab_run,
+    check_pre,
+    engine_peers,
+    time_engines,
+)
 from mhc_triton38_ab import EPS, ITERS, check, make_inputs  # noqa: E402
 
 from dsv4spec.bench import mhc as bench_mhc  # noqa: E402
@@ -255,56 +260,23 @@ def markdown(meta: dict, rows: list[dict], failures: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir", nargs="?")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
-    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    ap.add_argument("--engines", nargs="*", default=["vllm"], choices=["vllm", "sglang"])
-    ap.add_argument("--rep", type=int, default=10, help="do_bench_cudagraph's rep (ms)")
-    ap.add_argument("--seconds", type=float, default=None,
-                    help="time no new point after this many seconds")
-    ap.add_argument("--interpret", action="store_true",
-                    help="correctness only, tiny width, on the CPU (TRITON_INTERPRET=1)")
+    ap = ab_parser(__doc__.splitlines()[0])
+    ap.set_defaults(tokens=list(TOKENS))
     ap.add_argument("--sass", action="store_true",
                     help="compile each tiling for sm_90 on a CPU and report it; nothing runs")
     args = ap.parse_args(argv)
     if args.sass:
         return 1 if compile_report(args.tokens, args.widths) else 0
     interpret = args.interpret
-    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
-        ap.error("--interpret needs TRITON_INTERPRET=1")
-    if not interpret and (args.out_dir is None or not torch.cuda.is_available()):
-        ap.error("needs OUT_DIR and a CUDA GPU (or --interpret)")
     if interpret and not K.interpreter_multiplies_bf16():
         ap.error("this interpreter multiplies bf16 dots as bits (tests/conftest.py patches it)")
-    device = "cpu" if interpret else "cuda"
+    device, meta, rows, failures, write, bench = ab_run(ap, args, "mhc_tma_ab", markdown)
+    start = time.time()
     num_sms = 132 if interpret else K.num_sms(torch.cuda.current_device())
     points = ([(17, 128), (40, 256)] if interpret
               else list(itertools.product(args.tokens, args.widths)))
     tilings = ({"tma t16 k32 c2 s2": (16, 32, 2, 2, 4), "tma t64 k64 c2 s2": (64, 64, 2, 2, 4)}
                if interpret else TILINGS)
-    start = time.time()
-    rows, failures = [], []
-    meta = {"torch": torch.__version__, "triton": triton.__version__,
-            "device": "interpreter" if interpret else torch.cuda.get_device_name(),
-            "rep_ms": args.rep}
-
-    def write() -> None:
-        if not args.out_dir:
-            return
-        os.makedirs(args.out_dir, exist_ok=True)
-        meta["seconds"] = round(time.time() - start, 1)
-        with open(os.path.join(args.out_dir, "mhc_tma_ab.json"), "w") as fh:
-            json.dump({"meta": meta, "rows": rows, "failures": failures}, fh, indent=1)
-        with open(os.path.join(args.out_dir, "mhc_tma_ab.md"), "w") as fh:
-            fh.write(markdown(meta, rows, failures))
-
-    def bench(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        return round(1e3 * triton.testing.do_bench_cudagraph(fn, rep=args.rep,
-                                                             return_mode="median"), 3)
 
     peers = {} if interpret else engine_peers(args.engines)
     for T, H in points:
@@ -360,14 +332,7 @@ def main(argv=None) -> int:
                       + (" WRONG" if row["errors"] else ""), flush=True)
             if peers and engine_inputs is None:
                 engine_inputs = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
-            for engine, (peer, make) in peers.items():
-                try:
-                    us = bench(make(peer, op_name, engine_inputs, True))
-                    rows.append({"op": op_name, "T": T, "H": H, "tiling": engine, "us": us,
-                                 "errors": []})
-                    print(f"{op_name} T={T} H={H} {engine}: {us:.2f} us", flush=True)
-                except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                    print(f"{op_name} T={T} H={H} {engine}: failed ({err})", flush=True)
+            time_engines(peers, op_name, T, H, engine_inputs, rows, bench)
         write()
     write()
     print(markdown(meta, rows, failures) if not interpret else json.dumps(
