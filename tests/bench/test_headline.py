@@ -108,10 +108,12 @@ def test_a_user_table_does_not_change_the_headline(monkeypatch, tmp_path):
     assert headline.compute() == rows
 
 
-def test_a_triton_38_call_saves_its_covering_point():
+def test_a_call_saves_its_own_point_else_the_smaller_of_the_two_around_it():
     points = {("mhc_pre", 7168): [[1, 5.0, 9.0], [4, 6.0, 9.5], [16, 8.0, 10.0]]}
     assert headline.point_saving(points, "mhc_pre", 7168, 4) == 3.5
-    assert headline.point_saving(points, "mhc_pre", 7168, 7) == 3.5
+    assert headline.point_saving(points, "mhc_pre", 7168, 7) == 2.0  # 3.5 at 4, 2.0 at 16
+    assert headline.point_saving(points, "mhc_pre", 7168, 2) == 3.5  # 4.0 at 1, 3.5 at 4
     assert headline.point_saving(points, "mhc_pre", 7168, 16) == 2.0
+    assert headline.point_saving(points, "mhc_pre", 7168, 20) == 2.0  # none above
     with pytest.raises(LookupError):
         headline.point_saving(points, "mhc_pre", 4096, 4)

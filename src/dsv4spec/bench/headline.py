@@ -15,14 +15,14 @@ latency), re-derived for the tables as they ship whenever this is run.
   its loss), nothing elsewhere.
 - Triton 3.8: which calls ours serves is asked of the 3.8 tables; what such a call saves is the
   3.8 table's own graph point at that count (``engine_us - ours_us``), or, at a count not
-  measured there, the point whose win the table extends to it (the largest measured count
-  below). The engine's step time is the 3.6 run's (the engines' TileLang kernels do not depend
+  measured there, the smaller saving of the two measured counts around it, which the table
+  serves it between (:func:`point_saving`). The engine's step time is the 3.6 run's (the engines' TileLang kernels do not depend
   on Triton).
 - DeepGEMM on (what vLLM on Hopper and SGLang with DeepGEMM installed run): which calls ours
   serves is each plugin's decision function's answer with ``deep_gemm`` (the rows measured
   against the engine's DeepGEMM path, the ``.deepgemm`` files, where they exist for the stack);
-  what a call of such a row saves is that file's own graph point at its count (or the largest
-  measured below), against DeepGEMM's path; the other calls save as above. The engine's own step
+  what a call of such a row saves is that file's own graph point at its count (or the smaller
+  of the two around it), against DeepGEMM's path; the other calls save as above. The engine's own step
   time under DeepGEMM was not measured: only the savings are given.
 
 ``python -m dsv4spec.bench.headline`` writes ``benchmarks/results/headline/headline.{json,md}``
@@ -155,11 +155,18 @@ def table_points(engine: str, stack: str,
 
 def point_saving(points: dict[tuple[str, int], list[list[float]]], hook: str, H: int,
                  T: int) -> float:
-    """``engine_us - ours_us`` of the table's point at ``T`` or, unmeasured, the largest below."""
-    below = [p for p in points.get((hook, H), []) if p[0] <= T]
+    """``engine_us - ours_us`` of the table's point at ``T``; at a count not measured, the
+    smaller saving of the measured counts on either side (a table serves such a count only
+    between two points of its segment that both won clearly), else of the largest below."""
+    rows = points.get((hook, H), [])
+    below = [p for p in rows if p[0] <= T]
     if not below:
         raise LookupError(f"no table point for {hook} at H = {H} up to T = {T}")
-    return below[-1][2] - below[-1][1]
+    saving = below[-1][2] - below[-1][1]
+    above = [p for p in rows if p[0] > T]
+    if below[-1][0] == T or not above:
+        return saving
+    return min(saving, above[0][2] - above[0][1])
 
 
 def row(engine: str, model: str, drafter: str, k: int, bs: int, measured: dict) -> dict:
