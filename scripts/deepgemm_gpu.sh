@@ -16,8 +16,9 @@
 #   mid-t        scripts/mhc_mid_t_ab.py: mhc_pre and the boundary at 17-512 tokens, the plan beside
 #                the other tensor-core tilings and the finalize as a dependent launch, and beside
 #                vLLM's DeepGEMM path (OUT_DIR/mhc_mid_t_ab.json/.md)
-#   tma          scripts/mhc_tma_ab.py: mhc_pre with TMA-loaded, pipelined tensor-core partials at
-#                33-512 tokens beside the plan and vLLM's DeepGEMM path (OUT_DIR/mhc_tma_ab.json/.md)
+#   tma          scripts/mhc_tma_ab.py: mhc_pre and the boundary with TMA-loaded, pipelined
+#                tensor-core partials at 33-512 tokens beside the plan and vLLM's DeepGEMM path
+#                (OUT_DIR/mhc_tma_ab.json/.md)
 #   ncu          scripts/mhc_ncu.py: Nsight Compute on each launch of ours (the plan and the
 #                tensor-core tilings) and of vLLM's DeepGEMM path, 64, 256 and 16 tokens, H 7168
 #                (OUT_DIR/ncu_run: mhc_ncu.json/.md and a report per case)
@@ -124,7 +125,7 @@ for src in (tables.PACKAGED_DIR / tables.device_file_name(name, s) for s in (sta
     mid-t|tma)
       # mid-t: the plan beside the other tilings; tma: beside the TMA partials (a prototype)
       script=$([ "$s" = tma ] && echo mhc_tma_ab || echo mhc_mid_t_ab)
-      step "scripts/$script.py (17-512 tokens)"
+      step "scripts/$script.py (17 or 33 to 512 tokens)"
       left=$(seconds_left 30)
       engines=""; [ -n "$VLLM_DG" ] && engines="vllm"
       PYTHONPATH=${VLLM_DG:+$VLLM_DG:}$P $PY scripts/$script.py "$OUT" --seconds $left \

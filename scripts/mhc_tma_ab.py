@@ -59,8 +59,9 @@ WIDTHS = (7168, 4096)
 OPS = ("pre", "post_pre")
 # name -> (block_t, block_k, chunks per program, pipeline stages, warps). 256 columns of the 4
 # streams a program (112 programs at H 7168 and 64 tokens, as DeepGEMM's split) in 16-, 32- and
-# 64-wide chunks, and 512 (56 programs, deeper pipelines); 8 warps for the boundary, whose mix
-# spills with 4 at 32- and 64-wide chunks (results/mhc/mhc_tma_partials_sass_triton3.6.txt)
+# 64-wide chunks, and 512 (56 programs, deeper pipelines); 8 warps too: compiled for sm_90 the
+# boundary's mix spills with 4 warps at 32- and 64-wide chunks, and with 8 except at 16-wide
+# chunks and 64 tokens by 32 (results/mhc/mhc_tma_partials_sass_triton3.6.txt)
 TILINGS = {
     "tma t64 k16 c4 s4": (64, 16, 4, 4, 4),
     "tma t64 k32 c2 s2": (64, 32, 2, 2, 4),

@@ -78,7 +78,10 @@ def first_difference(hook: str, key: int, sms: int, top: int = 16384) -> int | N
     return mhc_ops.first_plan_difference(OPS_OF[hook], key, top, H200_SMS, sms)
 
 
-COUNTS = tuple(sorted({*range(1, 70), *(c + d for c in _MEASURED for d in (-1, 0, 1) if c + d),
+_H100_MEASURED = {c for e in _H100_POINTS.values() for keyed in e["points"].values()
+                  for rows in keyed.values() for c, *_ in rows}
+COUNTS = tuple(sorted({*range(1, 70),
+                       *(c + d for c in _MEASURED | _H100_MEASURED for d in (-1, 0, 1) if c + d),
                        *(s + d for h in HOOKS for k in (4096, 7168) for s in switches(h, k)
                          for d in (-1, 0, 1))}))
 

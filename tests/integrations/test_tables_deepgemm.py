@@ -12,7 +12,7 @@ from dsv4spec.integrations.vllm import mhc as vllm_mhc
 
 from .test_tables import SM90, fresh  # noqa: F401
 
-H200 = "NVIDIA H200"
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 HOOKS = ("mhc_pre", "mhc_fused_post_pre")
 PLUGINS = {"sglang": sglang_mhc, "vllm": vllm_mhc}
 
@@ -42,14 +42,15 @@ def test_the_deepgemm_chain_is_its_own_files(monkeypatch, tmp_path):
                 assert entry["deepgemm_above"] is not None, (path.name, engine, hook)
 
 
-@pytest.mark.parametrize("stack", ["3.6", "3.8"])
-def test_with_deepgemm_on_each_measured_count_is_decided_by_its_own_point(fresh, stack):  # noqa: F811
-    """The H200's decisions with DeepGEMM on, at every count its .deepgemm file measured: ours
+@pytest.mark.parametrize("device, stack", [(H200, "3.6"), (H200, "3.8"), (H100, "3.6")])
+def test_with_deepgemm_on_each_measured_count_is_decided_by_its_own_point(fresh, device,  # noqa: F811
+                                                                          stack):
+    """A GPU's decisions with DeepGEMM on, at every count its .deepgemm file measured: ours
     exactly where ours was faster than the engine's DeepGEMM path there."""
-    data = json.loads((tables.PACKAGED_DIR / tables.device_file_name(H200, stack, True))
+    data = json.loads((tables.PACKAGED_DIR / tables.device_file_name(device, stack, True))
                       .read_text())
     checked = 0
-    with tables.assuming(H200, stack):
+    with tables.assuming(device, stack):
         for engine, hooks in data["engines"].items():
             for hook, entry in hooks.items():
                 for mode, keyed in entry["points"].items():

@@ -16,14 +16,14 @@ latency), re-derived for the tables as they ship whenever this is run.
 - Triton 3.8: which calls ours serves is asked of the 3.8 tables; what such a call saves is the
   3.8 table's own graph point at that count (``engine_us - ours_us``), or, at a count not
   measured there, the smaller saving of the two measured counts around it, which the table
-  serves it between (:func:`point_saving`). The engine's step time is the 3.6 run's (the engines' TileLang kernels do not depend
-  on Triton).
+  serves it between (:func:`point_saving`). The engine's step time is the 3.6 run's (the
+  engines' TileLang kernels do not depend on Triton).
 - DeepGEMM on (what vLLM on Hopper and SGLang with DeepGEMM installed run): which calls ours
   serves is each plugin's decision function's answer with ``deep_gemm`` (the rows measured
   against the engine's DeepGEMM path, the ``.deepgemm`` files, where they exist for the stack);
   what a call of such a row saves is that file's own graph point at its count (or the smaller
-  of the two around it), against DeepGEMM's path; the other calls save as above. The engine's own step
-  time under DeepGEMM was not measured: only the savings are given.
+  of the two around it), against DeepGEMM's path; the other calls save as above. The engine's
+  own step time under DeepGEMM was not measured: only the savings are given.
 
 ``python -m dsv4spec.bench.headline`` writes ``benchmarks/results/headline/headline.{json,md}``
 and the tables between the ``headline`` markers of the README (its rows, :data:`ROWS`) and of

@@ -174,7 +174,8 @@ def sglang_deep_gemm() -> bool:
     """Whether SGLang's mHC ops run DeepGEMM's pre-norm GEMM: SGLang's own
     ``_use_deep_gemm_hc_prenorm()`` in the hooked module (its env switch, then DeepGEMM's
     ``ENABLE_JIT_DEEPGEMM``), read at the first call that asks and remembered for the process
-    (both are fixed at server start). True where it cannot be read: the hooks step aside."""
+    (both are fixed at server start). True where it cannot be read: the hooks then serve ours
+    only where rows measured against DeepGEMM's path have it faster."""
     global _deep_gemm, _deep_gemm_unread
     if _deep_gemm is not None:
         return _deep_gemm
@@ -186,8 +187,9 @@ def sglang_deep_gemm() -> bool:
     except Exception as e:  # noqa: BLE001 - renamed or failing: SGLang's path is safe
         _deep_gemm = _deep_gemm_unread = True
         logger.warning("dsv4spec: could not read SGLang's DeepGEMM pre-norm decision (%s: %s); "
-                       "the mhc_pre and boundary hooks step aside wherever SGLang may run "
-                       "DeepGEMM", type(e).__name__, e)
+                       "the mhc_pre and boundary hooks take it as on: wherever SGLang may run "
+                       "DeepGEMM they serve ours only where rows measured against DeepGEMM's "
+                       "path have it faster", type(e).__name__, e)
     return _deep_gemm
 
 
