@@ -46,13 +46,13 @@ from mhc_triton38_ab import EPS, ITERS, check, make_inputs  # noqa: E402
 
 from dsv4spec.bench import mhc as bench_mhc  # noqa: E402
 from dsv4spec.kernels import mhc as K  # noqa: E402
-from dsv4spec.kernels.mhc import (  # noqa: E402
-    _load_mixes,
-    _store_new_residual,
-    _store_token_partials,
-    _token_grams_add,
-    _token_grams_zero,
-)
+
+# the library's helpers, by the names the kernels below call them
+load_mixes = K.JIT_HELPERS["load_mixes"]
+store_new_residual = K.JIT_HELPERS["store_new_residual"]
+token_grams_zero = K.JIT_HELPERS["token_grams_zero"]
+token_grams_add = K.JIT_HELPERS["token_grams_add"]
+store_token_partials = K.JIT_HELPERS["store_token_partials"]
 
 TOKENS = (33, 48, 64, 128, 256, 512)
 WIDTHS = (7168, 4096)
@@ -105,9 +105,9 @@ def _partials_tma_kernel(
     tt = offs_t[:, None]
     mt = tt < T
     if POST:
-        mixes = _load_mixes(post_ptr, comb_ptr, tt, mt)
+        mixes = load_mixes(post_ptr, comb_ptr, tt, mt)
     acc = tl.zeros([BLOCK_T, 32], dtype=tl.float32)
-    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_zero(BLOCK_T)
+    g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = token_grams_zero(BLOCK_T)
     for c in tl.range(0, CHUNKS_PER_SPLIT, num_stages=STAGES):
         h0 = ((split * CHUNKS_PER_SPLIT + c) * BLOCK_K).to(tl.int32)
         x0 = x_desc.load([t0, h0])
@@ -117,16 +117,16 @@ def _partials_tma_kernel(
         if POST:
             hh = h0 + tl.arange(0, BLOCK_K)[None, :]
             fv = f_desc.load([t0, h0]).to(tl.float32)
-            x0, x1, x2, x3 = _store_new_residual(
+            x0, x1, x2, x3 = store_new_residual(
                 xnew_ptr, tt * (4 * H) + hh, H, mt, mixes, fv, x0.to(tl.float32),
                 x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32), True)
         acc = _stream_part_dots(acc, x0, parts_desc, h0, H)
         acc = _stream_part_dots(acc, x1, parts_desc, H + h0, H)
         acc = _stream_part_dots(acc, x2, parts_desc, 2 * H + h0, H)
         acc = _stream_part_dots(acc, x3, parts_desc, 3 * H + h0, H)
-        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = _token_grams_add(
+        g00, g11, g22, g33, g01, g02, g03, g12, g13, g23 = token_grams_add(
             g00, g11, g22, g33, g01, g02, g03, g12, g13, g23, x0, x1, x2, x3, GRAM)
-    _store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
+    store_token_partials(ws_ptr, offs_t, T, split, stride_wt, stride_wk, acc, g00, g11, g22,
                           g33, g01, g02, g03, g12, g13, g23, GRAM)
 
 
@@ -173,7 +173,7 @@ class TmaOp:
         self.warps = warps
 
     def split(self) -> None:
-        K._split_fn_kernel[(triton.cdiv(4 * self.H, 64),)](
+        K.JIT_KERNELS["split_fn"][(triton.cdiv(4 * self.H, 64),)](
             self.fn, self.parts, 4 * self.H, self.fn.stride(0), BLOCK_C=64, num_warps=4)
 
     def __call__(self, split: bool = True):
@@ -187,7 +187,7 @@ class TmaOp:
         rmsnorm = self.weight is not None
         post, comb, y = self.out[-3:]
         num_hblocks = triton.cdiv(H, cfg.block_h)
-        K._mhc_finalize_kernel[(T * (num_hblocks + 1),)](
+        K.JIT_KERNELS["finalize"][(T * (num_hblocks + 1),)](
             self.new, ws, self.scale, self.base, self.weight if rmsnorm else self.base, post,
             comb, y, T, H, self.num_splits, num_hblocks, EPS["rms_eps"], EPS["hc_eps"], 1e-6,
             2.0, ws.stride(0), ws.stride(1),

@@ -1228,8 +1228,15 @@ def mhc_post_triton(f: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
 # launches of mhc_pre_triton.
 JIT_KERNELS = {"partials": _mhc_partials_kernel, "partials_mma": _mhc_partials_mma_kernel,
                "partials_token_mma": _mhc_partials_token_mma_kernel,
+               "split_fn": _split_fn_kernel,
                "finalize": _mhc_finalize_kernel,
                "post": _mhc_post_kernel}
+# The jit helpers of the token-row partials, for launch-1 prototypes built on them
+# (scripts/mhc_tma_ab.py): the previous layer's mixes, the new residual, the Gram sums and the
+# workspace stores, as the library's kernels compute them.
+JIT_HELPERS = {"load_mixes": _load_mixes, "store_new_residual": _store_new_residual,
+               "token_grams_zero": _token_grams_zero, "token_grams_add": _token_grams_add,
+               "store_token_partials": _store_token_partials}
 tiling = _config
 plan = _plan
 pre_outputs = _pre_outputs
