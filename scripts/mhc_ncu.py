@@ -34,8 +34,8 @@ import sys
 import time
 
 # name -> overrides of our planner ({}: its defaults). The tensor-core partials with tokens as
-# rows (tok) and rows (t, i) (ti), and the CUDA-core partials with 8-token blocks, beside the
-# plan, at the sizes where DeepGEMM's path is faster
+# rows (tok) and rows (t, i) (ti), the CUDA-core partials with 8-token blocks and the TMA
+# prototype (tma), beside the plan, at the sizes where DeepGEMM's path is faster
 # (benchmarks/results/deepgemm_h200/README.md)
 VARIANTS = {
     "default": {},
@@ -44,6 +44,9 @@ VARIANTS = {
     "ti16": {"mma": True, "token_rows": False, "block_t": 16, "block_k": 64, "warps": (4, 1),
              "num_splits": 112},
     "cuda8": {"mma": False, "block_t": 8, "block_k": 64},
+    # the TMA partials of scripts/mhc_tma_ab.py (a prototype): one of its TILINGS
+    "tma16": {"tma": "tma t64 k16 c4 s4 w8"},
+    "tma32": {"tma": "tma t64 k32 c2 s2 w8"},
 }
 
 # ncu sections (stable identifiers) whose metrics the report keeps, and the metrics each kernel's
@@ -191,6 +194,14 @@ def _provider_call(op: str, H: int, T: int, provider: str, variant: str):
     inp = bench_mhc.make_inputs(T, H, seed=1000 * H + T)
     if provider == "ours":
         ov = VARIANTS[variant]
+        if "tma" in ov:  # launch 1 from the prototype, the library's finalize after it
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import mhc_tma_ab
+
+            boundary = None if op == "pre" else (inp["f"], inp["post"], inp["comb"])
+            return mhc_tma_ab.TmaOp(inp["residual"], inp["fn"], inp["scale"], inp["base"],
+                                    inp["norm_weight"], mhc_tma_ab.TILINGS[ov["tma"]],
+                                    K.num_sms(inp["residual"].get_device()), boundary)
         args = (inp["fn"], inp["scale"], inp["base"], bench_mhc.RMS_EPS, bench_mhc.HC_EPS,
                 bench_mhc.SINKHORN_ITERS, bench_mhc.POST_MULT, inp["norm_weight"],
                 bench_mhc.NORM_EPS)
@@ -278,7 +289,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", default=["pre", "post_pre"], choices=["pre", "post_pre"])
     p.add_argument("--providers", nargs="+", default=["ours", "vllm"],
                    choices=["ours", "vllm", "sglang"])
-    p.add_argument("--variants", nargs="+", default=["default", "tok64", "ti16"],
+    p.add_argument("--variants", nargs="+", default=["default", "tok64", "ti16", "tma16", "tma32"],
                    choices=list(VARIANTS))
     p.add_argument("--seconds", type=float, default=None,
                    help="start no case after this many seconds (the rest are listed as skipped)")

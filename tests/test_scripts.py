@@ -185,3 +185,6 @@ def test_mhc_tma_ab_partials_match_the_float64_reference_in_the_interpreter(tmp_
     x, fn, sc, base, nw, _ = m.make_inputs(17, 96, "cpu", seed=0, weight_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="do not tile it"):
         m.TmaOp(x, fn, sc, base, nw, (16, 64, 1, 1, 4), 132)
+    # the Nsight Compute variants that profile it name tilings it has
+    tma = [v["tma"] for v in _mhc_ncu().VARIANTS.values() if "tma" in v]
+    assert tma and set(tma) <= set(m.TILINGS)
