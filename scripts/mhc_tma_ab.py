@@ -176,14 +176,19 @@ class TmaOp:
         K.JIT_KERNELS["split_fn"][(triton.cdiv(4 * self.H, 64),)](
             self.fn, self.parts, 4 * self.H, self.fn.stride(0), BLOCK_C=64, num_warps=4)
 
+    def launch_args(self) -> tuple[tuple, dict]:
+        """Launch 1's arguments and its constexprs and options (compile_report compiles it)."""
+        ws = self.ws
+        return ((self.x_desc, self.f_desc, self.parts_desc, self.post, self.comb, self.new, ws,
+                 self.T, self.H, self.num_splits, ws.stride(0), ws.stride(1)),
+                {**self.constexprs, "num_warps": self.warps})
+
     def __call__(self, split: bool = True):
         if split:
             self.split()
         T, H, cfg, ws = self.T, self.H, self.cfg, self.ws
-        _partials_tma_kernel[self.grid](
-            self.x_desc, self.f_desc, self.parts_desc, self.post, self.comb, self.new, ws, T, H,
-            self.num_splits, ws.stride(0), ws.stride(1), **self.constexprs,
-            num_warps=self.warps)
+        args, options = self.launch_args()
+        _partials_tma_kernel[self.grid](*args, **options)
         rmsnorm = self.weight is not None
         post, comb, y = self.out[-3:]
         num_hblocks = triton.cdiv(H, cfg.block_h)
@@ -209,23 +214,18 @@ def compile_report(tokens, widths) -> int:
     print("triton", triton.__version__, "torch", torch.__version__, flush=True)
     failures = 0
     with tempfile.TemporaryDirectory() as out:
-        for (op, T, H), (name, (bt, bk, chunks, stages, warps)) in itertools.product(
+        for (op, T, H), (name, tiling) in itertools.product(
                 itertools.product(OPS, tokens, widths), TILINGS.items()):
-            num_splits = H // bk // chunks
-            x = torch.empty(T, 4 * H, dtype=torch.bfloat16)
-            f = torch.empty(T, H, dtype=torch.bfloat16)
-            parts = torch.empty(12 * H, 32, dtype=torch.bfloat16)
-            post, comb, ws = torch.empty(T, 4), torch.empty(T, 4, 4), torch.empty(
-                T, K.NMIX + 10, num_splits)
-            tag = f"{op} T{T} H{H} {name} ({num_splits * triton.cdiv(T, bt)} programs)"
+            x = torch.empty(T, 4, H, dtype=torch.bfloat16)
+            boundary = None if op == "pre" else (torch.empty(T, H, dtype=torch.bfloat16),
+                                                 torch.empty(T, 4), torch.empty(T, 4, 4))
+            tag = f"{op} T{T} H{H} {name}"
             try:
-                compiled = _partials_tma_kernel.warmup(
-                    TensorDescriptor(x, [T, 4 * H], [4 * H, 1], [bt, bk]),
-                    TensorDescriptor(f, [T, H], [H, 1], [bt, bk]),
-                    TensorDescriptor(parts, [12 * H, 32], [32, 1], [bk, 32]), post, comb,
-                    torch.empty_like(x), ws, T, H, num_splits, ws.stride(0), ws.stride(1),
-                    POST=op == "post_pre", GRAM=True, CHUNKS_PER_SPLIT=chunks, BLOCK_T=bt,
-                    BLOCK_K=bk, STAGES=stages, grid=(1,), num_warps=warps)
+                tma = TmaOp(x, torch.empty(K.NMIX, 4 * H), torch.empty(3), torch.empty(K.NMIX),
+                            torch.empty(H, dtype=torch.bfloat16), tiling, 132, boundary)
+                tag += f" ({tma.grid[0]} programs)"
+                args, options = tma.launch_args()
+                compiled = _partials_tma_kernel.warmup(*args, grid=(1,), **options)
                 row = summary(out, compiled, tag)
             except Exception as err:  # noqa: BLE001 - a tiling that does not compile
                 failures += 1
